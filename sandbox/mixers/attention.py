@@ -1,0 +1,53 @@
+"""Softmax multi-head attention through ``scaled_dot_product_attention``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sandbox.mixers.base import Mixer, MixerContext, register
+
+
+@dataclass
+class AttentionConfig:
+    window: int | None = None  # sliding window (keys within the last `window` positions); None = full causal
+    bias: bool = False
+
+
+def causal_window_mask(seq_len: int, window: int | None, device) -> torch.Tensor | None:
+    """Boolean [T, T] mask, True where query i may attend key j (j <= i, i - j < window)."""
+    if window is None:
+        return None
+    i = torch.arange(seq_len, device=device)[:, None]
+    j = torch.arange(seq_len, device=device)[None, :]
+    return (j <= i) & (i - j < window)
+
+
+@register("attention", AttentionConfig)
+class Attention(Mixer):
+    def __init__(self, ctx: MixerContext, cfg: AttentionConfig):
+        super().__init__(ctx, cfg)
+        if ctx.d_model % ctx.n_heads:
+            raise ValueError(f"d_model {ctx.d_model} is not divisible by n_heads {ctx.n_heads}")
+        self.n_heads = ctx.n_heads
+        self.qkv = nn.Linear(ctx.d_model, 3 * ctx.d_model, bias=cfg.bias)
+        self.out = nn.Linear(ctx.d_model, ctx.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads).unbind(2)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # [b, h, t, dh]
+        self.record("keys", k.transpose(1, 2))
+        self.record("values", v.transpose(1, 2))
+        mask = causal_window_mask(t, self.cfg.window, x.device)
+        if mask is None:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out(o.transpose(1, 2).reshape(b, t, d))
+
+    def state_size(self, seq_len: int) -> int:
+        span = seq_len if self.cfg.window is None else min(seq_len, self.cfg.window)
+        return 2 * span * self.ctx.d_model

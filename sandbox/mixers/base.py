@@ -1,0 +1,89 @@
+"""The mixer interface and the name -> class registry.
+
+A mixer maps ``[batch, seq, d_model] -> [batch, seq, d_model]``. Each registered
+mixer names a config dataclass; the YAML section ``model.<mixer name>`` is parsed
+into it, so every mixer owns its fields and the loader validates them strictly.
+
+Optional extras a mixer may override:
+  * ``aux_loss()``  -> scalar tensor added to the training loss (balance losses, penalties);
+  * ``state_size(seq_len)`` -> recurrent state size in elements per sequence;
+  * capture: while ``self.capture`` is a dict, ``forward`` stores analysis tensors in it
+    (``keys``, ``values``, ``routing``, ``final_state``, ``gates`` ...) without changing
+    the computation. ``record(name, tensor)`` does the bookkeeping.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class MixerContext:
+    """What every mixer is told about its place in the model."""
+
+    d_model: int
+    n_heads: int
+    layer_idx: int
+    max_seq_len: int
+
+
+class Mixer(nn.Module):
+    """Base class: holds the context and the capture hook."""
+
+    def __init__(self, ctx: MixerContext, cfg):
+        super().__init__()
+        self.ctx = ctx
+        self.cfg = cfg
+        self.capture: dict | None = None
+
+    def record(self, name: str, value: torch.Tensor) -> None:
+        """Store a detached copy for analysis when capturing; a no-op otherwise."""
+        if self.capture is not None:
+            self.capture[name] = value.detach()
+
+    def aux_loss(self) -> torch.Tensor | None:
+        return None
+
+    def state_size(self, seq_len: int) -> int:
+        """Elements of recurrent state per sequence (attention: its KV cache)."""
+        return 2 * seq_len * self.ctx.d_model
+
+
+@dataclass
+class NoConfig:
+    """For mixers without options of their own."""
+
+
+_REGISTRY: dict[str, tuple[type[Mixer], type]] = {}
+
+
+def register(name: str, config_cls: type = NoConfig) -> Callable[[type[Mixer]], type[Mixer]]:
+    """Class decorator: ``@register("gla", GLAConfig)``."""
+    if not dataclasses.is_dataclass(config_cls):
+        raise TypeError(f"config class for mixer {name!r} must be a dataclass")
+
+    def deco(cls: type[Mixer]) -> type[Mixer]:
+        if name in _REGISTRY:
+            raise ValueError(f"mixer {name!r} registered twice")
+        _REGISTRY[name] = (cls, config_cls)
+        cls.mixer_name = name
+        return cls
+
+    return deco
+
+
+def mixer_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def mixer_config_class(name: str) -> type:
+    return _REGISTRY[name][1]
+
+
+def build_mixer(name: str, ctx: MixerContext, cfg=None) -> Mixer:
+    cls, config_cls = _REGISTRY[name]
+    return cls(ctx, cfg if cfg is not None else config_cls())
