@@ -1,0 +1,80 @@
+"""Gated slot attention (GSA) as two passes of the linear-recurrence core.
+
+With m slots per head, forget gate alpha_t in (0,1)^m and slot writes s_t = 1 - alpha_t:
+    K~_t = diag(alpha_t) K~_{t-1} + s_t^T k_t      (m x d_k)
+    V~_t = diag(alpha_t) V~_{t-1} + s_t^T v_t      (m x d_v)
+    o_t  = V~_t^T softmax(K~_t q_t * d_k^-0.5)
+Pass 1 reads K~ q: each (head, slot) pair is a scalar-gated recurrence with a [d_k, 1]
+state (value = its slot write), so it runs on the same kernel with H*m heads. Pass 2 is the
+core recurrence with queries = slot probabilities, keys = s_t, diagonal gate alpha_t.
+With ``topk``, s_t = softmax(top-k(-f)) over the slots and unchosen slots keep alpha = 1 in
+both passes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from sandbox.kernels import linear_recurrence
+from sandbox.mixers.base import MixerContext, register
+from sandbox.mixers.feature_maps import feature_map
+from sandbox.mixers.linear import FeatureMap, LinearConfig, LinearMixer, Norm, Transition
+
+
+@dataclass
+class GSAConfig(LinearConfig):
+    """expand_k sets the query/key width d_k; num_slots sets the state rows m."""
+    num_slots: int = 64
+    feature_map: FeatureMap = "silu"
+    transition: Transition = "diagonal"
+    key_from_gate: bool = True
+    gate_normalizer: float = 8.0
+    output_norm: Norm = "rms"
+
+
+@register("gsa", GSAConfig)
+class GSA(LinearMixer):
+    def __init__(self, ctx: MixerContext, cfg: GSAConfig):
+        if cfg.num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {cfg.num_slots}")
+        if cfg.transition != "diagonal" or not cfg.key_from_gate or cfg.normalize:
+            raise ValueError("gsa needs transition 'diagonal', key_from_gate true and normalize false")
+        super().__init__(ctx, cfg)
+        self.k1_proj = nn.Linear(ctx.d_model, self.H * self.QK, bias=False)
+
+    def state_rows(self) -> int:
+        return self.cfg.num_slots
+
+    def qk_dim(self) -> int:
+        return max(1, round(self.ctx.d_model * self.cfg.expand_k / self.ctx.n_heads))
+
+    def features(self, x):
+        p = super().features(x)  # q: [B,T,H,dk]; k: slot writes [B,T,H,m]; g: [B,T,H,m]
+        B, T, _ = x.shape
+        p["k1"] = feature_map(self.cfg.feature_map, self.k1_proj(x).view(B, T, self.H, self.QK))
+        return p
+
+    def recur(self, p):
+        q, k1, s, g, v = p["q"], p["k1"], p["k"], p["g"], p["v"]
+        B, T, H, m = s.shape
+        dk = self.QK
+        capture = self.capture is not None
+        per_slot = lambda z: z[:, :, :, None, :].expand(B, T, H, m, dk).reshape(B, T, H * m, dk)  # noqa: E731
+        scores, S1 = linear_recurrence(per_slot(q), per_slot(k1), s.reshape(B, T, H * m, 1),
+                                       g.reshape(B, T, H * m), scale=self.scale,
+                                       output_final_state=capture, impl=self.cfg.impl)
+        probs = scores.view(B, T, H, m).softmax(-1)
+        o, S2 = linear_recurrence(probs, s, v, g, scale=1.0, output_final_state=capture, impl=self.cfg.impl)
+        if capture:
+            self.record("slot_probs", probs)
+            self.record("final_key_state", S1.view(B, H, m, dk))
+            self.record("final_state", S2)
+        return o
+
+    def state_size(self, seq_len: int) -> int:
+        n = self.H * self.K * (self.QK + self.V)
+        if self.conv is not None:
+            n += self.conv.shape[0] * (self.cfg.conv_size - 1)
+        return n

@@ -1,0 +1,398 @@
+"""The linear-attention family as one recurrence core and thin configurations of it.
+
+Per head: ``S_t = Lambda_t * S_{t-1} + phi(k_t)^T v_t`` (or the delta rule), ``o_t = q_t S_t``,
+computed by ``sandbox.kernels.linear_recurrence``. ``LinearConfig`` holds every switch of
+the core; each registered mixer is a dataclass that only changes defaults (plus two small
+subclasses: Mamba2's input step size and skip, MetaLA's self-augmentation; GSA lives in
+``gsa.py``). ``linear_attention`` is the core with its own defaults, so any combination
+(e.g. a delta rule with elu+1 keys) can be assembled from YAML.
+
+Row-sparse top-k (SSE §3.2): with ``topk`` set, keys are ``softmax(top-k(key logits))``
+(exactly zero off the k chosen rows) and the log-decay of unchosen rows is 0 at that step,
+so those rows are neither written nor decayed. A scalar or constant decay is then applied
+as a diagonal one. For decay-key coupled mixers the key logits are ``-f`` (f = gate logits,
+since ``1 - alpha`` grows as f falls); their chosen rows keep their gate.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sandbox.kernels import IMPLS, linear_recurrence
+from sandbox.mixers.base import Mixer, MixerContext, register
+from sandbox.mixers.feature_maps import FEATURE_MAPS, balance_loss, feature_map, softmax_topk
+
+TRANSITIONS = ("none", "constant", "scalar", "diagonal", "delta", "gated_delta")
+FeatureMap = Literal["identity", "relu", "silu", "elu1", "softmax"]
+Transition = Literal["none", "constant", "scalar", "diagonal", "delta", "gated_delta"]
+GateFn = Literal["logsigmoid", "softplus"]
+Norm = Literal["none", "rms", "layer"]
+Impl = Literal["auto", "torch", "naive", "triton"]
+
+
+@dataclass
+class LinearConfig:
+    expand_k: float = 1.0  # key dim per head = d_model * expand_k / n_heads (rows of the state)
+    expand_v: float = 1.0  # value dim per head = d_model * expand_v / n_heads
+    feature_map: FeatureMap = "identity"  # phi on queries and keys
+    qk_norm: bool = False  # L2-normalise q and k after phi
+    normalize: bool = False  # divide by q_t . (decayed sum of keys), as in Katharopoulos et al.
+    transition: Transition = "none"
+    gate_fn: GateFn = "logsigmoid"  # logsigmoid: log(lb + (1-lb) sigmoid(f)) / normalizer;
+    #                                 softplus: -exp(A) * softplus(f + dt_bias) (Mamba2 style)
+    gate_normalizer: float = 1.0
+    gate_rank: int | None = None  # low-rank gate projection (GLA: 16)
+    gate_lower_bound: float = 0.0
+    key_from_gate: bool = False  # decay-key coupling: k = 1 - exp(g) (HGRN2, MetaLA, GSA)
+    scale: float | None = None  # output scale; None = key dim ** -0.5
+    output_norm: Norm = "none"  # per head
+    output_gate: bool = False  # silu(x W_g) * o
+    conv_size: int = 0  # short causal depthwise conv (+ silu) on q, k, v projections; 0 = off
+    topk: int | None = None  # row-sparse softmax-top-k keys
+    balance_alpha: float = 0.0  # SSE balance loss coefficient (needs topk)
+    impl: Impl = "auto"
+
+
+def _check_choice(field: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{field} must be one of {tuple(choices)}, got {value!r}")
+
+
+def causal_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Depthwise causal conv of x [B, T, C] with weight [C, w], followed by silu."""
+    w = weight.shape[-1]
+    y = F.conv1d(F.pad(x.transpose(1, 2), (w - 1, 0)), weight[:, None, :], groups=x.shape[-1])
+    return F.silu(y.transpose(1, 2))
+
+
+class LinearMixer(Mixer):
+    """The recurrence core: projections, phi / top-k, transition, recurrence, output."""
+
+    def __init__(self, ctx: MixerContext, cfg: LinearConfig):
+        super().__init__(ctx, cfg)
+        self.validate(cfg)
+        d, H = ctx.d_model, ctx.n_heads
+        self.H = H
+        self.K = self.state_rows()
+        self.V = max(1, round(d * cfg.expand_v / H))
+        self.QK = self.qk_dim()
+        if cfg.topk is not None and not 1 <= cfg.topk <= self.K:
+            raise ValueError(f"topk must be in [1, {self.K}] (state rows per head), got {cfg.topk}")
+        self.scale = cfg.scale if cfg.scale is not None else self.QK ** -0.5
+        self.q_proj = nn.Linear(d, H * self.QK, bias=False)
+        self.k_proj = None if cfg.key_from_gate else nn.Linear(d, H * self.K, bias=False)
+        self.v_proj = nn.Linear(d, H * self.V, bias=False)
+        self.conv = None
+        if cfg.conv_size > 0:
+            ch = H * self.QK + (0 if self.k_proj is None else H * self.K) + H * self.V
+            self.conv = nn.Parameter(torch.randn(ch, cfg.conv_size) / math.sqrt(cfg.conv_size))
+        self.gate_width = self._gate_width()
+        self.gate_proj = None
+        if self.gate_width:
+            w = self.gate_width
+            if cfg.gate_rank:
+                self.gate_proj = nn.Sequential(nn.Linear(d, cfg.gate_rank, bias=False), nn.Linear(cfg.gate_rank, w))
+            else:
+                self.gate_proj = nn.Linear(d, w, bias=cfg.gate_fn == "logsigmoid")
+            if cfg.gate_fn == "softplus":
+                self.A_log = nn.Parameter(torch.empty(w).uniform_(1, 16).log())
+                dt = torch.empty(w).uniform_(math.log(1e-3), math.log(1e-1)).exp()
+                self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+        if cfg.transition == "constant":  # RetNet: gamma_h = 1 - 2^(-5-h)
+            self.register_buffer("log_gamma", torch.log1p(-(2.0 ** (-5.0 - torch.arange(H, dtype=torch.float64)))).float())
+        self.beta_proj = nn.Linear(d, H) if cfg.transition in ("delta", "gated_delta") else None
+        if cfg.output_norm != "none":
+            self.norm_weight = nn.Parameter(torch.ones(H, self.V))
+            self.norm_bias = nn.Parameter(torch.zeros(H, self.V)) if cfg.output_norm == "layer" else None
+        self.g_proj = nn.Linear(d, H * self.V, bias=False) if cfg.output_gate else None
+        self.o_proj = nn.Linear(H * self.V, d, bias=False)
+        self._aux = None
+
+    # -- configuration ---------------------------------------------------------------------
+    @staticmethod
+    def validate(cfg: LinearConfig) -> None:
+        _check_choice("feature_map", cfg.feature_map, FEATURE_MAPS)
+        _check_choice("transition", cfg.transition, TRANSITIONS)
+        _check_choice("gate_fn", cfg.gate_fn, ("logsigmoid", "softplus"))
+        _check_choice("output_norm", cfg.output_norm, ("none", "rms", "layer"))
+        _check_choice("impl", cfg.impl, IMPLS)
+        if cfg.expand_k <= 0 or cfg.expand_v <= 0:
+            raise ValueError(f"expand_k and expand_v must be > 0, got {cfg.expand_k}, {cfg.expand_v}")
+        if cfg.key_from_gate and cfg.transition != "diagonal":
+            raise ValueError(f"key_from_gate needs transition 'diagonal', got {cfg.transition!r}")
+        if cfg.gate_rank is not None and cfg.gate_rank < 1:
+            raise ValueError(f"gate_rank must be >= 1 or null, got {cfg.gate_rank}")
+        if not 0.0 <= cfg.gate_lower_bound < 1.0:
+            raise ValueError(f"gate_lower_bound must be in [0, 1), got {cfg.gate_lower_bound}")
+        if cfg.gate_normalizer <= 0:
+            raise ValueError(f"gate_normalizer must be > 0, got {cfg.gate_normalizer}")
+        if cfg.conv_size < 0:
+            raise ValueError(f"conv_size must be >= 0, got {cfg.conv_size}")
+        if cfg.balance_alpha < 0 or (cfg.balance_alpha > 0 and cfg.topk is None):
+            raise ValueError(f"balance_alpha must be >= 0 and needs topk, got {cfg.balance_alpha} with topk={cfg.topk}")
+        if cfg.normalize and cfg.transition in ("delta", "gated_delta"):
+            raise ValueError("normalize is not defined for the delta rule (transition delta/gated_delta)")
+
+    def state_rows(self) -> int:
+        """K: rows of the state per head (the dimension keys, gates and top-k act on)."""
+        return max(1, round(self.ctx.d_model * self.cfg.expand_k / self.ctx.n_heads))
+
+    def qk_dim(self) -> int:
+        """Width of each query (equal to K except for GSA)."""
+        return self.K
+
+    def _gate_width(self) -> int:
+        t = self.cfg.transition
+        if t == "diagonal":
+            return self.H * self.K
+        if t in ("scalar", "gated_delta"):
+            return self.H
+        return 0
+
+    # -- forward pieces --------------------------------------------------------------------
+    def log_decay(self, f: torch.Tensor):
+        """Gate logits -> (log-decay <= 0, step size dt or None)."""
+        cfg = self.cfg
+        if cfg.gate_fn == "softplus":
+            dt = F.softplus(f + self.dt_bias)
+            return -self.A_log.exp() * dt, dt
+        if cfg.gate_lower_bound > 0:
+            lb = cfg.gate_lower_bound
+            g = torch.log(lb + (1 - lb) * torch.sigmoid(f))
+        else:
+            g = F.logsigmoid(f)
+        return g / cfg.gate_normalizer, None
+
+    def features(self, x: torch.Tensor) -> dict:
+        """Queries, keys, values, log-decays and betas for the recurrence, [B, T, H, *]."""
+        cfg = self.cfg
+        B, T, _ = x.shape
+        H, K = self.H, self.K
+        parts = [self.q_proj(x)] + ([] if self.k_proj is None else [self.k_proj(x)]) + [self.v_proj(x)]
+        if self.conv is not None:
+            sizes = [p.shape[-1] for p in parts]
+            parts = list(causal_conv(torch.cat(parts, -1), self.conv).split(sizes, -1))
+        q = parts[0].view(B, T, H, self.QK)
+        v = parts[-1].view(B, T, H, self.V)
+        p = {"q": feature_map(cfg.feature_map, q), "v": v, "g": None, "beta": None, "dt": None}
+        f = None
+        if self.gate_proj is not None:
+            f = self.gate_proj(x).view(B, T, H, -1).squeeze(-1) if self.gate_width == H else self.gate_proj(x).view(B, T, H, K)
+            p["g"], p["dt"] = self.log_decay(f)
+        elif cfg.transition == "constant":
+            p["g"] = self.log_gamma.to(x.dtype).expand(B, T, H)
+        if cfg.key_from_gate:
+            logits = -f
+            p["k"] = -torch.expm1(p["g"])  # 1 - alpha
+        else:
+            logits = parts[1].view(B, T, H, K)
+            p["k"] = feature_map(cfg.feature_map, logits)
+        if cfg.topk is not None:
+            p["k"], p["routing"], mask = softmax_topk(logits, cfg.topk)
+            if p["g"] is not None:
+                g = p["g"] if p["g"].ndim == 4 else p["g"][..., None].expand(B, T, H, K)
+                p["g"] = g.masked_fill(~mask, 0.0)
+            self._aux = balance_loss(p["k"], mask, cfg.topk, cfg.balance_alpha) if cfg.balance_alpha > 0 else None
+        if cfg.qk_norm:
+            p["q"], p["k"] = F.normalize(p["q"], dim=-1), F.normalize(p["k"], dim=-1)
+        if self.beta_proj is not None:
+            p["beta"] = torch.sigmoid(self.beta_proj(x))
+        return p
+
+    def recur(self, p: dict) -> torch.Tensor:
+        """Run the recurrence; returns o [B, T, H, V] and records the final state when capturing."""
+        v = p["v"]
+        if self.cfg.normalize:
+            v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+        o, S = linear_recurrence(p["q"], p["k"], v, p["g"], p["beta"], scale=self.scale,
+                                 output_final_state=self.capture is not None, impl=self.cfg.impl)
+        if self.cfg.normalize:
+            o = o[..., :-1] / (o[..., -1:] + 1e-6)
+            if S is not None:
+                self.record("final_normalizer", S[..., -1])
+                S = S[..., :-1]
+        if S is not None:
+            self.record("final_state", S)
+        return o
+
+    def finish(self, o: torch.Tensor, x: torch.Tensor, p: dict) -> torch.Tensor:
+        """Per-head output norm, output gate, output projection."""
+        cfg = self.cfg
+        if cfg.output_norm == "rms":
+            o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-6) * self.norm_weight
+        elif cfg.output_norm == "layer":
+            o = F.layer_norm(o, (self.V,), eps=1e-5) * self.norm_weight + self.norm_bias
+        o = o.reshape(*o.shape[:2], self.H * self.V)
+        if self.g_proj is not None:
+            o = o * F.silu(self.g_proj(x))
+        return self.o_proj(o)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.features(x)
+        for name in ("q", "k", "v", "g"):
+            if p[name] is not None:
+                self.record({"q": "queries", "k": "keys", "v": "values", "g": "gates"}[name], p[name])
+        if "routing" in p:
+            self.record("routing", p["routing"])
+        return self.finish(self.recur(p), x, p)
+
+    def aux_loss(self):
+        return self._aux
+
+    def state_size(self, seq_len: int) -> int:
+        n = self.H * self.K * (self.V + (1 if self.cfg.normalize else 0))
+        if self.conv is not None:
+            n += self.conv.shape[0] * (self.cfg.conv_size - 1)
+        return n
+
+
+# -- registered configurations ---------------------------------------------------------------
+
+@dataclass
+class LinearAttentionConfig(LinearConfig):
+    """Katharopoulos et al.: phi = elu + 1 on q and k, no decay, normalised output."""
+    feature_map: FeatureMap = "elu1"
+    normalize: bool = True
+
+
+@dataclass
+class RetNetConfig(LinearConfig):
+    """RetNet: constant per-head decay 1 - 2^(-5-h), per-head group norm, swish output gate (no xPos)."""
+    expand_v: float = 2.0
+    transition: Transition = "constant"
+    output_norm: Norm = "layer"
+    output_gate: bool = True
+
+
+@dataclass
+class GLAConfig(LinearConfig):
+    """GLA: diagonal gate sigmoid(x W1 W2)^(1/16), per-head RMSNorm, swish output gate."""
+    expand_k: float = 0.5
+    transition: Transition = "diagonal"
+    gate_normalizer: float = 16.0
+    gate_rank: int | None = 16
+    output_norm: Norm = "rms"
+    output_gate: bool = True
+
+
+@dataclass
+class Mamba2Config(LinearConfig):
+    """Mamba2 (SSD) as linear attention: C = q, B = k, x*dt = v, scalar decay -exp(A) dt, D skip,
+    gated RMSNorm; the short convolution is off by default."""
+    expand_v: float = 2.0
+    transition: Transition = "scalar"
+    gate_fn: GateFn = "softplus"
+    scale: float | None = 1.0
+    output_norm: Norm = "rms"
+    output_gate: bool = True
+
+
+@dataclass
+class HGRN2Config(LinearConfig):
+    """HGRN2: forget gate f = lb + (1-lb) sigmoid(x W_f) per row, key = 1 - f, swish queries, RMSNorm."""
+    feature_map: FeatureMap = "silu"
+    transition: Transition = "diagonal"
+    key_from_gate: bool = True
+    output_norm: Norm = "rms"
+
+
+@dataclass
+class DeltaNetConfig(LinearConfig):
+    """DeltaNet: silu + L2-normalised q, k, beta = sigmoid(x W_b), delta rule, per-head RMSNorm."""
+    feature_map: FeatureMap = "silu"
+    qk_norm: bool = True
+    transition: Transition = "delta"
+    output_norm: Norm = "rms"
+
+
+@dataclass
+class GatedDeltaNetConfig(LinearConfig):
+    """Gated DeltaNet: DeltaNet plus a Mamba2-style scalar decay and a gated RMSNorm output."""
+    expand_v: float = 2.0
+    feature_map: FeatureMap = "silu"
+    qk_norm: bool = True
+    transition: Transition = "gated_delta"
+    gate_fn: GateFn = "softplus"
+    output_norm: Norm = "rms"
+    output_gate: bool = True
+
+
+@dataclass
+class MetaLAConfig(LinearConfig):
+    """MetaLA: no key projection, key = 1 - alpha with alpha = sigmoid(x W)^(1/16) per row,
+    self-augmentation, per-head LayerNorm, swish output gate."""
+    expand_k: float = 0.5
+    transition: Transition = "diagonal"
+    gate_normalizer: float = 16.0
+    key_from_gate: bool = True
+    output_norm: Norm = "layer"
+    output_gate: bool = True
+    self_augment: bool = True
+
+
+@register("linear_attention", LinearAttentionConfig)
+class LinearAttention(LinearMixer):
+    pass
+
+
+@register("retnet", RetNetConfig)
+class RetNet(LinearMixer):
+    pass
+
+
+@register("gla", GLAConfig)
+class GLA(LinearMixer):
+    pass
+
+
+@register("hgrn2", HGRN2Config)
+class HGRN2(LinearMixer):
+    pass
+
+
+@register("deltanet", DeltaNetConfig)
+class DeltaNet(LinearMixer):
+    pass
+
+
+@register("gated_deltanet", GatedDeltaNetConfig)
+class GatedDeltaNet(LinearMixer):
+    pass
+
+
+@register("mamba2", Mamba2Config)
+class Mamba2(LinearMixer):
+    """Values are scaled by the step size dt (the SSM input term) and a D-weighted skip is added."""
+
+    def __init__(self, ctx: MixerContext, cfg: Mamba2Config):
+        super().__init__(ctx, cfg)
+        self.D = nn.Parameter(torch.ones(self.H))
+
+    def features(self, x):
+        p = super().features(x)
+        p["skip"] = p["v"]
+        p["v"] = p["v"] * p["dt"][..., None]
+        return p
+
+    def finish(self, o, x, p):
+        return super().finish(o + self.D[:, None] * p["skip"], x, p)
+
+
+@register("metala", MetaLAConfig)
+class MetaLA(LinearMixer):
+    """Self-augmentation: o_t += sigmoid((q_t . (w_aug * k_t)) v_t), before the output norm."""
+
+    def __init__(self, ctx: MixerContext, cfg: MetaLAConfig):
+        super().__init__(ctx, cfg)
+        self.aug = nn.Parameter(torch.zeros(self.H, self.K)) if cfg.self_augment else None
+
+    def finish(self, o, x, p):
+        if self.aug is not None:
+            w = (p["q"] * p["k"] * self.aug).sum(-1, keepdim=True)
+            o = o + torch.sigmoid(w * p["v"])
+        return super().finish(o, x, p)
