@@ -1,0 +1,77 @@
+"""The ``sandbox`` command.
+
+    sandbox train [CONFIG] [--set KEY=VALUE ...] [--out DIR]
+
+Errors in the user's input print one line and exit with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+
+def _error(msg: str, code: int = 2) -> int:
+    print(f"sandbox: error: {msg}", file=sys.stderr)
+    return code
+
+
+def quickstart_path() -> Path:
+    return Path(str(resources.files("sandbox") / "configs" / "quickstart.yaml"))
+
+
+def cmd_train(args) -> int:
+    from sandbox.config import load_config
+    from sandbox.train import TrainingDiverged, train
+
+    path = Path(args.config) if args.config else quickstart_path()
+    cfg = load_config(path, args.set)
+    out = Path(args.out) if args.out else Path("runs") / f"{cfg.name or path.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    print(f"run directory: {out}")
+    try:
+        res = train(cfg, out, progress=not args.no_progress)
+    except TrainingDiverged as e:
+        return _error(f"{out}: training diverged: {e}", 1)
+    except KeyboardInterrupt:
+        return _error(f"{out}: interrupted at a checkpoint; rerun with --out {out} to resume", 130)
+    acc = res["final_accuracy"]
+    print(f"{res['status']}: test accuracy {acc:.4f} (best {res['best_accuracy']:.4f} at step "
+          f"{res['best_step']}) after {res['steps']} steps in {res['wall_time_s']:.1f} s "
+          f"({res['steps_per_sec']} steps/s); {res['params']:,} parameters, state {res['state_size']:,} "
+          f"elements\nresult: {out / 'result.json'}   tensorboard --logdir {out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sandbox", description="Train and inspect token mixers on synthetic tasks.")
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train one model from a YAML config")
+    t.add_argument("config", nargs="?", help="run YAML (default: the packaged quickstart)")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set model.d_model=128 (repeatable)")
+    t.add_argument("--out", help="run directory (default runs/<name>-<time>); an existing one resumes")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.set_defaults(func=cmd_train)
+    return p
+
+
+def main(argv=None) -> int:
+    from sandbox.config import ConfigError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        return _error(str(e))
+    except ValueError as e:          # e.g. an out dir holding another config's checkpoint
+        return _error(str(e))
+    except RuntimeError as e:
+        if "out of memory" in str(e).lower():
+            return _error(f"GPU out of memory: {str(e).splitlines()[0]}", 1)
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

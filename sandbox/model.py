@@ -1,0 +1,86 @@
+"""Backbone: embedding -> L pre-norm blocks [norm -> token mixer -> +, norm -> channel mixer -> +]
+-> final norm -> tied LM head."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sandbox.config import ModelConfig
+from sandbox.mixers import Mixer, MixerContext, build_mixer
+
+
+def make_norm(kind: str, d: int) -> nn.Module:
+    return nn.LayerNorm(d) if kind == "layernorm" else nn.RMSNorm(d)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, expand: float):
+        super().__init__()
+        hidden = max(8, int(round(expand * d_model / 8)) * 8)
+        self.up = nn.Linear(d_model, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x):
+        a, b = self.up(x).chunk(2, dim=-1)
+        return self.down(F.silu(a) * b)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, mixer: Mixer):
+        super().__init__()
+        self.norm1 = make_norm(cfg.norm, cfg.d_model)
+        self.mixer = mixer
+        self.mlp = SwiGLU(cfg.d_model, cfg.mlp_expand) if cfg.channel_mixer == "swiglu" else None
+        self.norm2 = make_norm(cfg.norm, cfg.d_model) if self.mlp is not None else None
+
+    def forward(self, x):
+        x = x + self.mixer(self.norm1(x))
+        if self.mlp is not None:
+            x = x + self.mlp(self.norm2(x))
+        return x
+
+
+class LanguageModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, max_seq_len: int):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(vocab_size, cfg.d_model)
+        self.pos = nn.Embedding(max_seq_len, cfg.d_model) if cfg.positions == "learned" else None
+        self.blocks = nn.ModuleList()
+        for i, name in enumerate(cfg.layer_mixers()):
+            ctx = MixerContext(cfg.d_model, cfg.n_heads, i, max_seq_len)
+            self.blocks.append(Block(cfg, build_mixer(name, ctx, cfg.options(name))))
+        self.norm = make_norm(cfg.norm, cfg.d_model)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module):
+        if isinstance(m, nn.Linear) and not getattr(m, "_custom_init", False):
+            nn.init.normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=0.02)
+
+    @property
+    def mixers(self) -> list[Mixer]:
+        return [b.mixer for b in self.blocks]
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        if self.pos is not None:
+            x = x + self.pos.weight[: tokens.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x) @ self.embed.weight.t()
+
+    def aux_loss(self) -> torch.Tensor | None:
+        losses = [l for l in (m.aux_loss() for m in self.mixers) if l is not None]
+        return torch.stack(losses).sum() if losses else None
+
+    def state_size(self, seq_len: int) -> int:
+        return sum(m.state_size(seq_len) for m in self.mixers)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())

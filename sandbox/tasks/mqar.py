@@ -1,0 +1,151 @@
+"""Multi-query associative recall (MQAR), as in Zoology, plus the gap and noise
+variants of the SSE paper's Figure 8.
+
+Layout of one example of length ``seq_len`` with ``kv = num_kv_pairs``::
+
+    [0, 2kv)                 context   k1 v1 k2 v2 ... (keys in [1, V/2), values in [V/2, V),
+                                        all keys distinct, all values distinct)
+    [2kv, 2kv + G)           inserted  G zero tokens (gap=G) or G noise tokens (noise=G)
+    [2kv + G, seq_len)       queries   each key once, at an even offset 2*s from the region's
+                                        start; s drawn without replacement from [0, R//2)
+                                        (R = region length) with the power law p(s) ∝ (s+1)^(a-1);
+                                        every other position is a filler
+
+Fillers are token 0, except with ``noise`` where every filler of the query region is a
+noise token too. Noise tokens come from their own vocabulary ``[V, V + noise_vocab_size)``,
+disjoint from keys, values and 0, so they can never be mistaken for either. The model's
+vocabulary is therefore ``V + noise_vocab_size`` when ``noise > 0``.
+
+The target at a query key's position is the value paired with that key; every other
+target is -100. Inputs are the sequence itself (no shift is needed: the answer is
+predicted at the query key).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sandbox.tasks.rng import hash32, uniform
+
+SPLITS = {"train": 1, "test": 2}
+
+
+@dataclass
+class MQARConfig:
+    seq_len: int = 256
+    num_kv_pairs: int = 16
+    vocab_size: int = 8192
+    power_a: float = 0.01
+    gap: int = 0
+    noise: int = 0
+    noise_vocab_size: int | None = None   # default: V // 2
+    test_examples: int = 1024
+
+    def __post_init__(self):
+        kv, V = self.num_kv_pairs, self.vocab_size
+        if kv < 1:
+            raise ValueError(f"num_kv_pairs: must be >= 1, got {kv}")
+        if V < 4 or V // 2 - 1 < kv:
+            raise ValueError(f"vocab_size: {V} leaves {max(V // 2 - 1, 0)} keys, fewer than num_kv_pairs={kv}")
+        if V - V // 2 < kv:
+            raise ValueError(f"vocab_size: {V} leaves fewer values than num_kv_pairs={kv}")
+        if self.gap < 0 or self.noise < 0:
+            raise ValueError("gap: gap and noise must be >= 0")
+        if self.gap and self.noise:
+            raise ValueError("noise: gap and noise are exclusive (gap inserts zeros, noise inserts noise tokens)")
+        need = 4 * kv + self.gap + self.noise
+        if self.seq_len < need:
+            raise ValueError(f"seq_len: {self.seq_len} is too short for num_kv_pairs={kv} with gap/noise "
+                             f"{self.gap + self.noise}: needs at least 4*num_kv_pairs + gap + noise = {need}")
+        if not 0 < self.power_a <= 1:
+            raise ValueError(f"power_a: must be in (0, 1], got {self.power_a}")
+        if self.noise_vocab_size is not None and self.noise_vocab_size < 1:
+            raise ValueError(f"noise_vocab_size: must be >= 1, got {self.noise_vocab_size}")
+        if self.test_examples < 1:
+            raise ValueError(f"test_examples: must be >= 1, got {self.test_examples}")
+
+
+class MQAR:
+    def __init__(self, cfg: MQARConfig, seed: int = 0, device="cpu"):
+        self.cfg, self.seed, self.device = cfg, seed, torch.device(device)
+        self.seq_len = cfg.seq_len
+        self.noise_vocab = (cfg.noise_vocab_size or cfg.vocab_size // 2) if cfg.noise else 0
+        self.vocab_size = cfg.vocab_size + self.noise_vocab      # what the model must embed
+        self._test_hashes: torch.Tensor | None = None
+
+    # ---- generation -------------------------------------------------------------------
+    def examples(self, ids: torch.Tensor, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Examples for global example ids (int64 [B]) of a split; fully vectorised."""
+        c, dev = self.cfg, ids.device
+        kv, V, T = c.num_kv_pairs, c.vocab_size, c.seq_len
+        B = ids.numel()
+        base = (self.seed, SPLITS[split], ids[:, None])
+        n_keys, n_vals = V // 2 - 1, V - V // 2
+
+        # distinct keys and values: a random permutation of each vocabulary, first kv entries
+        keys = 1 + _first_k_of_permutation(uniform(*base, 11, torch.arange(n_keys, device=dev)), kv)
+        values = V // 2 + _first_k_of_permutation(uniform(*base, 12, torch.arange(n_vals, device=dev)), kv)
+
+        x = torch.zeros(B, T, dtype=torch.int64, device=dev)
+        y = torch.full((B, T), -100, dtype=torch.int64, device=dev)
+        x[:, 0:2 * kv:2] = keys
+        x[:, 1:2 * kv:2] = values
+
+        start = 2 * kv + c.gap + c.noise
+        region = T - start
+        slots = region // 2
+        if self.noise_vocab:
+            pos = torch.arange(2 * kv, T, device=dev)
+            x[:, 2 * kv:] = V + hash32(*base, 13, pos) % self.noise_vocab
+        # power-law slot choice without replacement: exponential races E_s / p_s, smallest kv win
+        s = torch.arange(slots, device=dev, dtype=torch.float64)
+        weight = c.power_a * (s + 1) ** (c.power_a - 1)
+        race = -torch.log(uniform(*base, 14, torch.arange(slots, device=dev))) / weight
+        slot = torch.sort(race, dim=1, stable=True).indices[:, :kv]          # slot of key j
+        qpos = start + 2 * slot
+        x.scatter_(1, qpos, keys)
+        y.scatter_(1, qpos, values)
+        return x, y
+
+    def sample(self, batch_size: int, split: str = "train", index: int = 0):
+        """Batch ``index`` of a split: examples ``index*batch_size ... (index+1)*batch_size - 1``.
+
+        Training rows that happen to equal a test example are not scored (targets -100),
+        so train and test never share a scored example.
+        """
+        if split not in SPLITS:
+            raise ValueError(f"split: must be 'train' or 'test', got {split!r}")
+        ids = index * batch_size + torch.arange(batch_size, device=self.device, dtype=torch.int64)
+        if split == "test" and (index + 1) * batch_size > self.cfg.test_examples:
+            raise IndexError(f"test split has {self.cfg.test_examples} examples; batch {index} of "
+                             f"{batch_size} runs past it")
+        x, y = self.examples(ids, split)
+        if split == "train":
+            clash = torch.isin(row_hash(x), self.test_hashes())
+            y = torch.where(clash[:, None], torch.full_like(y, -100), y)
+        return x, y
+
+    def test_batches(self, batch_size: int):
+        """The whole test split in batches (the last one may be smaller)."""
+        n = self.cfg.test_examples
+        for start in range(0, n, batch_size):
+            ids = torch.arange(start, min(start + batch_size, n), device=self.device, dtype=torch.int64)
+            yield self.examples(ids, "test")
+
+    def test_hashes(self) -> torch.Tensor:
+        if self._test_hashes is None:
+            self._test_hashes = torch.cat([row_hash(x) for x, _ in self.test_batches(4096)])
+        return self._test_hashes
+
+
+def _first_k_of_permutation(u: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.sort(u, dim=-1, stable=True).indices[..., :k]
+
+
+def row_hash(x: torch.Tensor) -> torch.Tensor:
+    """A 62-bit fingerprint per row of an int64 [B, T] tensor (order-sensitive)."""
+    pos = torch.arange(x.shape[1], device=x.device)
+    h1 = (hash32(x, pos, 1).sum(1) & 0x7FFFFFFF)
+    h2 = (hash32(x, pos, 2).sum(1) & 0x7FFFFFFF)
+    return h1 << 31 | h2

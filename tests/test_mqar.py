@@ -1,0 +1,97 @@
+"""The MQAR generator against counts computed independently with plain Python loops."""
+import pytest
+import torch
+
+from sandbox.tasks import make_task
+
+
+def _check_example(x, y, kv, V, gap=0, noise=0, noise_vocab=0):
+    x, y = x.tolist(), y.tolist()
+    T = len(x)
+    ctx = x[: 2 * kv]
+    keys, values = ctx[0::2], ctx[1::2]
+    assert all(1 <= k < V // 2 for k in keys), "keys outside [1, V/2)"
+    assert all(V // 2 <= v < V for v in values), "values outside [V/2, V)"
+    assert len(set(keys)) == kv and len(set(values)) == kv
+    pair = dict(zip(keys, values))
+    inserted = x[2 * kv: 2 * kv + gap + noise]
+    if gap:
+        assert inserted == [0] * gap
+    if noise:
+        assert all(V <= t < V + noise_vocab for t in inserted)
+    start = 2 * kv + gap + noise
+    queried = []
+    for t in range(T):
+        if y[t] != -100:
+            assert t >= start and (t - start) % 2 == 0, "query off the even grid of the query region"
+            assert x[t] in pair, "a query key that is not in the context"
+            assert y[t] == pair[x[t]], "label is not the paired value"
+            queried.append(x[t])
+    assert sorted(queried) == sorted(keys), "each key must be queried exactly once"
+    for t in range(start, T):
+        if y[t] == -100:
+            if noise:
+                assert V <= x[t] < V + noise_vocab, "query-region filler must be noise"
+            else:
+                assert x[t] == 0, "query-region filler must be 0"
+
+
+@pytest.mark.parametrize("kw", [dict(seq_len=64, num_kv_pairs=4, vocab_size=64),
+                                dict(seq_len=97, num_kv_pairs=8, vocab_size=8192),
+                                dict(seq_len=80, num_kv_pairs=4, vocab_size=32, gap=20),
+                                dict(seq_len=80, num_kv_pairs=4, vocab_size=32, noise=20, noise_vocab_size=7)])
+def test_examples_follow_the_documented_layout(kw):
+    task = make_task("mqar", seed=3, **kw)
+    noise_vocab = task.noise_vocab
+    x, y = task.sample(32, "train", 5)
+    assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (32, kw["seq_len"])
+    for i in range(32):
+        _check_example(x[i], y[i], kw["num_kv_pairs"], kw["vocab_size"], kw.get("gap", 0),
+                       kw.get("noise", 0), noise_vocab)
+    if kw.get("noise"):
+        assert task.vocab_size == kw["vocab_size"] + noise_vocab
+        assert int(x.max()) < task.vocab_size
+
+
+def test_same_seed_split_index_gives_same_bits_and_batches_tile():
+    a = make_task("mqar", seq_len=64, num_kv_pairs=4, vocab_size=128, seed=1)
+    b = make_task("mqar", seq_len=64, num_kv_pairs=4, vocab_size=128, seed=1)
+    x1, y1 = a.sample(8, "train", 3)
+    x2, y2 = b.sample(8, "train", 3)
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    # example identity does not depend on how the stream is cut into batches
+    x4, _ = a.sample(4, "train", 7)
+    assert torch.equal(x4, x1[4:])
+    assert not torch.equal(a.sample(8, "train", 4)[0], x1)
+    assert not torch.equal(make_task("mqar", seq_len=64, num_kv_pairs=4, vocab_size=128, seed=2)
+                           .sample(8, "train", 3)[0], x1)
+
+
+def test_power_law_favours_early_query_slots():
+    task = make_task("mqar", seq_len=264, num_kv_pairs=4, vocab_size=256, seed=0, power_a=0.01)
+    _, y = task.sample(2000, "train", 0)
+    offsets = (y != -100).nonzero()[:, 1] - 8
+    slots = torch.bincount(offsets // 2, minlength=128).float()
+    # p(s) ~ 1/(s+1): the first quarter of the slots gets most of the queries
+    assert slots[:32].sum() > 0.6 * slots.sum()
+    assert slots[0] > slots[64:].mean() * 10
+
+
+def test_train_never_scores_a_test_example():
+    # 3 keys from a vocabulary of 4 keys and 4 values in 12 positions: tiny space, collisions certain
+    task = make_task("mqar", seq_len=12, num_kv_pairs=3, vocab_size=10, seed=0, test_examples=500)
+    test = {tuple(r) for x, _ in task.test_batches(100) for r in x.tolist()}
+    x, y = task.sample(2000, "train", 0)
+    scored = (y != -100).any(1)
+    clashes = [tuple(r) in test for r in x.tolist()]
+    assert any(clashes), "the tiny task should produce some collisions to exercise the filter"
+    for row_scored, clash in zip(scored.tolist(), clashes):
+        assert not (row_scored and clash)
+    assert scored.sum() > 0
+
+
+def test_too_short_sequence_is_rejected():
+    with pytest.raises(ValueError, match="seq_len"):
+        make_task("mqar", seq_len=30, num_kv_pairs=8, vocab_size=64)
+    with pytest.raises(ValueError, match="seq_len"):
+        make_task("mqar", seq_len=40, num_kv_pairs=8, vocab_size=64, gap=10)
