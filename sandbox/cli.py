@@ -7,10 +7,16 @@ Errors in the user's input print one line and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from importlib import resources
 from pathlib import Path
+
+
+# Modules that contribute subcommands; each defines add_cli(subparsers) and sets
+# `func` on its parser (a function args -> exit code).
+SUBCOMMAND_MODULES: list[str] = []
 
 
 def _error(msg: str, code: int = 2) -> int:
@@ -54,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="run directory (default runs/<name>-<time>); an existing one resumes")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
+    for module in SUBCOMMAND_MODULES:        # each adds its subcommand through add_cli(sub)
+        importlib.import_module(module).add_cli(sub)
     return p
 
 
