@@ -1,0 +1,193 @@
+"""Every registered linear-attention mixer: chunked (torch) vs per-step (naive) in float64,
+row-sparse top-k leaves unchosen rows bit-identical, balance loss, state size."""
+import dataclasses
+
+import pytest
+import torch
+
+from sandbox.kernels import chunk_reference, recurrent_reference
+from sandbox.mixers import MixerContext, build_mixer, mixer_config_class, mixer_names
+from sandbox.mixers.base import _REGISTRY
+from sandbox.mixers.feature_maps import balance_loss
+from sandbox.mixers.linear import LinearMixer
+
+LINEAR = sorted(n for n in mixer_names() if issubclass(_REGISTRY[n][0], LinearMixer))
+CTX = MixerContext(d_model=20, n_heads=2, layer_idx=0, max_seq_len=128)  # K = 10 (or 5), V = 10 / 20
+
+
+def make(name, seed=0, **overrides):
+    cls = mixer_config_class(name)
+    if "num_slots" in {f.name for f in dataclasses.fields(cls)}:
+        overrides.setdefault("num_slots", 6)
+    torch.manual_seed(seed)
+    return build_mixer(name, CTX, cls(**overrides)).double()
+
+
+def test_all_family_members_registered():
+    assert set(LINEAR) == {"linear_attention", "retnet", "gla", "mamba2", "hgrn2", "deltanet",
+                           "gated_deltanet", "metala", "gsa"}
+
+
+@pytest.mark.parametrize("topk", [None, 3])
+@pytest.mark.parametrize("name", LINEAR)
+def test_torch_matches_naive(name, topk):
+    fast = make(name, topk=topk, impl="torch")
+    slow = make(name, topk=topk, impl="naive")
+    slow.load_state_dict(fast.state_dict())
+    x = torch.randn(2, 70, CTX.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    w = torch.randn(2, 70, CTX.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    outs = []
+    for m in (fast, slow):
+        xi = x.clone().requires_grad_(True)
+        y = m(xi)
+        (y * w).sum().backward()
+        outs.append((y.detach(), xi.grad, {n: p.grad for n, p in m.named_parameters()}))
+    (y1, gx1, gp1), (y2, gx2, gp2) = outs
+    torch.testing.assert_close(y1, y2, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(gx1, gx2, rtol=1e-8, atol=1e-9)
+    for n in gp1:
+        assert gp1[n] is not None, f"no gradient reaches {n}"
+        torch.testing.assert_close(gp1[n], gp2[n], rtol=1e-8, atol=1e-9, msg=lambda s: f"{name}.{n}: {s}")
+
+
+def one_step_keeps_unselected_rows(q, k, v, g, beta, mask, t):
+    """Run the reference to step t-1, then one step; rows off the mask at t must be untouched."""
+    sl = lambda z, a, b: None if z is None else z[:, a:b]  # noqa: E731
+    _, S = recurrent_reference(sl(q, 0, t), sl(k, 0, t), sl(v, 0, t), sl(g, 0, t), sl(beta, 0, t),
+                               output_final_state=True)
+    _, S1 = recurrent_reference(sl(q, t, t + 1), sl(k, t, t + 1), sl(v, t, t + 1), sl(g, t, t + 1),
+                                sl(beta, t, t + 1), initial_state=S, output_final_state=True)
+    off = ~mask[:, t]  # [B, H, K]
+    assert off.any() and (~off).any()
+    assert torch.equal(S1[off], S[off]), "an unselected row changed"
+    assert not torch.equal(S1[~off], S[~off]), "selected rows did not change"
+
+
+@pytest.mark.parametrize("name", LINEAR)
+def test_topk_leaves_unselected_rows_bit_identical(name):
+    m = make(name, topk=3, impl="naive")
+    x = torch.randn(2, 9, CTX.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        p = m.features(x)
+    B, T, H, K = p["k"].shape
+    mask = torch.zeros(B, T, H, K, dtype=torch.bool).scatter_(-1, p["routing"], True)
+    assert (mask.sum(-1) == 3).all()
+    # the kernel contract: zero keys and zero log-decay (gate 1) off the chosen rows
+    assert torch.equal(p["k"][~mask], torch.zeros_like(p["k"][~mask]))
+    assert (p["k"][mask] > 0).all()
+    if p["g"] is not None:
+        assert p["g"].shape == (B, T, H, K)
+        assert torch.equal(p["g"][~mask], torch.zeros_like(p["g"][~mask]))
+        assert (p["g"][mask] < 0).all()
+    # and the recurrence itself across one step (write and decay)
+    if name == "gsa":
+        probs = torch.rand(B, T, H, K, dtype=torch.float64)
+        one_step_keeps_unselected_rows(probs, p["k"], p["v"], p["g"], None, mask, 5)
+        # pass 1: one [d_k, 1] state per (head, slot); unselected slots keep theirs
+        dk = p["q"].shape[-1]
+        rep = lambda z: z[:, :, :, None].expand(B, T, H, K, dk).reshape(B, T, H * K, dk)  # noqa: E731
+        mask1 = mask.reshape(B, T, H * K, 1).expand(B, T, H * K, dk)
+        one_step_keeps_unselected_rows(rep(p["q"]), rep(p["k1"]), p["k"].reshape(B, T, H * K, 1),
+                                       p["g"].reshape(B, T, H * K), None, mask1, 5)
+    else:
+        one_step_keeps_unselected_rows(p["q"], p["k"], p["v"], p["g"], p["beta"], mask, 5)
+
+
+def test_chunked_form_keeps_never_selected_rows_bit_identical():
+    """A row with zero key and zero log-decay over a whole sequence keeps its initial state exactly."""
+    gen = torch.Generator().manual_seed(4)
+    B, T, H, K, V = 1, 40, 2, 6, 5
+    keep = torch.rand(B, T, H, K, generator=gen) < 0.5
+    keep[..., 2] = False
+    k = torch.randn(B, T, H, K, generator=gen).softmax(-1) * keep
+    g = (-torch.rand(B, T, H, K, generator=gen)) * keep
+    q, v = torch.randn(B, T, H, K, generator=gen), torch.randn(B, T, H, V, generator=gen)
+    S0 = torch.randn(B, H, K, V, generator=gen)
+    for beta in (None, torch.rand(B, T, H, generator=gen)):
+        _, S = chunk_reference(q, k, v, g, beta, initial_state=S0, output_final_state=True, chunk_size=16)
+        assert torch.equal(S[:, :, 2], S0[:, :, 2])
+
+
+@pytest.mark.parametrize("name", ["gla", "gsa"])
+def test_balance_loss_matches_hand_computation(name):
+    alpha, topk = 0.3, 3
+    m = make(name, topk=topk, balance_alpha=alpha)
+    m.capture = {}
+    x = torch.randn(3, 11, CTX.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    m(x)
+    loss = m.aux_loss()
+    keys, idx = m.capture["keys"], m.capture["routing"]
+    B, T, H, c = keys.shape
+    per_head = []
+    for h in range(H):
+        total = 0.0
+        for i in range(c):
+            f_i = sum(int(i in idx[b, t, h].tolist()) for b in range(B) for t in range(T)) / (B * T)
+            p_i = sum(keys[b, t, h, i].item() for b in range(B) for t in range(T)) / (B * T)
+            total += f_i * p_i
+        per_head.append(alpha * c / topk * total)
+    assert loss.requires_grad
+    assert abs(loss.item() - sum(per_head) / H) < 1e-12
+    loss.backward()  # reaches the key projection through P_i
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in m.parameters())
+
+
+def test_balance_loss_is_alpha_under_uniform_usage():
+    c, k = 8, 2
+    idx = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7]])  # every row chosen once
+    mask = torch.zeros(4, c, dtype=torch.bool).scatter_(-1, idx, True)
+    keys = mask.double() / k
+    assert abs(balance_loss(keys[None, :, None], mask[None, :, None], k, 0.5).item() - 0.5) < 1e-12
+
+
+def test_no_aux_loss_without_balance():
+    m = make("gla", topk=3)
+    m(torch.randn(1, 4, CTX.d_model, dtype=torch.float64))
+    assert m.aux_loss() is None
+
+
+@pytest.mark.parametrize("topk", [None, 3])
+@pytest.mark.parametrize("name", LINEAR)
+def test_state_size_matches_captured_state(name, topk):
+    m = make(name, topk=topk)
+    m.capture = {}
+    B = 2
+    m(torch.randn(B, 5, CTX.d_model, dtype=torch.float64))
+    S = m.capture["final_state"]
+    assert S.shape[:2] == (B, CTX.n_heads)
+    n = S.numel() + sum(m.capture[k].numel() for k in ("final_normalizer", "final_key_state") if k in m.capture)
+    assert m.state_size(5) == n // B
+
+
+def test_captures_have_documented_shapes():
+    m = make("gla", topk=2)
+    m.capture = {}
+    m(torch.randn(2, 7, CTX.d_model, dtype=torch.float64))
+    K, V = m.K, m.V
+    assert m.capture["keys"].shape == (2, 7, 2, K)
+    assert m.capture["values"].shape == (2, 7, 2, V)
+    assert m.capture["queries"].shape == (2, 7, 2, K)
+    assert m.capture["gates"].shape == (2, 7, 2, K)
+    assert m.capture["routing"].shape == (2, 7, 2, 2)
+    assert m.capture["final_state"].shape == (2, 2, K, V)
+
+
+def test_short_conv_is_causal():
+    m = make("deltanet", conv_size=4)
+    x = torch.randn(1, 12, CTX.d_model, dtype=torch.float64)
+    y = m(x)
+    x2 = x.clone()
+    x2[:, 8:] += 1.0
+    y2 = m(x2)
+    assert torch.equal(y[:, :8], y2[:, :8]) and not torch.equal(y[:, 8:], y2[:, 8:])
+    assert m.state_size(12) == 2 * 10 * 10 + 3 * m.conv.shape[0]
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("topk", 11, "topk"), ("topk", 0, "topk"), ("transition", "lstm", "transition"),
+    ("feature_map", "tanh", "feature_map"), ("balance_alpha", 0.1, "balance_alpha"),
+    ("impl", "cuda", "impl"), ("output_norm", "batch", "output_norm"),
+])
+def test_bad_config_is_a_clear_error(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        make("gla" if field != "topk" else "deltanet", **{field: value})
