@@ -1,0 +1,68 @@
+"""Subcommands ``sandbox inspect``, ``sandbox plot`` and ``sandbox compare``."""
+from __future__ import annotations
+
+
+def cmd_inspect(args) -> int:
+    from sandbox.analysis.report import inspect_run
+    inspect_run(args.run_dir, layer=args.layer, batches=args.batches, batch_size=args.batch_size,
+                tsne=args.tsne, out=args.out, device=args.device, tensorboard=not args.no_tensorboard)
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from sandbox.analysis.plot_sweep import plot_sweep
+    plot_sweep(args.sweep_dir, x=args.x, y=args.y, hue=args.hue, col=args.col, heatmap=args.heatmap,
+               spread=args.spread, out=args.out, where=args.where)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from sandbox.analysis.compare import compare
+    compare(args.a, args.b, seeds=args.seeds, task=args.task, sets=args.set, set_a=args.set_a,
+            set_b=args.set_b, metric=args.metric, out=args.out, jobs=args.jobs, progress=args.progress)
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("inspect", help="pictures of what a trained run's state learned (SSE Figs. 2, 3, 5, 9)")
+    p.add_argument("run_dir", help="a run directory written by `sandbox train` (holds checkpoint.pt)")
+    p.add_argument("--layer", type=int, help="only this layer (default: all)")
+    p.add_argument("--batches", type=int, default=4, help="test batches to run (default 4)")
+    p.add_argument("--batch-size", type=int, default=64, help="examples per batch (default 64)")
+    p.add_argument("--tsne", action="store_true", help="place tokens by t-SNE instead of PCA (slower)")
+    p.add_argument("--out", help="output folder (default RUN_DIR/inspect)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto")
+    p.add_argument("--no-tensorboard", action="store_true", help="do not add the figures to the run's TensorBoard")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("plot", help="curves or heatmaps from a sweep directory (results.csv or */result.json)")
+    p.add_argument("sweep_dir")
+    p.add_argument("--x", required=True, help="x axis key, e.g. model.d_model, task.gap, state_size")
+    p.add_argument("--y", default="test/accuracy", help="metric (default test/accuracy = best test accuracy)")
+    p.add_argument("--hue", help="one line per value of this key, e.g. model.mixer")
+    p.add_argument("--col", help="one panel per value of this key, e.g. task.gap")
+    p.add_argument("--heatmap", metavar="KEY", help="draw a heatmap with KEY as rows and --x as columns "
+                                                   "(colour = --y), e.g. --x model.sse.k --heatmap model.sse.n")
+    p.add_argument("--spread", choices=("minmax", "std"), default="minmax",
+                   help="band over seeds: min..max (default) or mean ± std")
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                   help="keep only rows with this value (repeatable)")
+    p.add_argument("--out", help="PNG path (default SWEEP_DIR/plots/<y>_vs_<x>....png)")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("compare", help="train two variants over several seeds; interval and Welch t-test",
+                       description="A and B are run YAML files, or mixer variants written NAME[+KEY=VALUE...] "
+                                   "(options of model.NAME), e.g. `sandbox compare gla gla+topk=8 --task mqar_noise`.")
+    p.add_argument("a", help="variant A: a YAML file or NAME[+KEY=VALUE...]")
+    p.add_argument("b", help="variant B: a YAML file or NAME[+KEY=VALUE...]")
+    p.add_argument("--seeds", type=int, default=5, help="seeds per variant (default 5)")
+    p.add_argument("--task", default="mqar",
+                   help="base run for mixer variants: a preset (mqar, mqar_gap, mqar_noise) or a YAML file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for both variants")
+    p.add_argument("--set-a", action="append", default=[], metavar="KEY=VALUE", help="override for A only")
+    p.add_argument("--set-b", action="append", default=[], metavar="KEY=VALUE", help="override for B only")
+    p.add_argument("--metric", choices=("best_accuracy", "final_accuracy"), default="best_accuracy")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes; spread over GPUs)")
+    p.add_argument("--out", help="folder for the runs (default runs/compare-<time>); rerunning resumes")
+    p.add_argument("--progress", action="store_true", help="show each run's progress bar")
+    p.set_defaults(func=cmd_compare)

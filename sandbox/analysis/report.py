@@ -1,0 +1,204 @@
+"""``sandbox inspect``: the SSE paper's pictures of a trained run, plus the numbers behind them.
+
+Writes into ``RUN_DIR/inspect/`` (or ``out``): ``clustering.png`` (Fig. 2), ``similarity.png``
+(Fig. 3), ``entropy.png`` (Fig. 5), ``receptive_field.png`` (Fig. 9), ``usage.png``, a one-page
+``inspect.md`` and ``summary.json``; the same figures and numbers go to the run's TensorBoard
+(tags ``inspect/...``). A picture whose tensors a mixer does not record is skipped with a note.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from sandbox.analysis import metrics
+from sandbox.analysis.capture import capture, load_run
+
+MAX_HEADS = 4           # heads drawn per layer in the grid pictures (numbers use all heads)
+RF_THRESHOLD = 1e-3     # SSE Appendix C
+RF_LAST = 128           # receptive field averaged over the last positions (SSE Appendix C)
+
+
+def _nanmean(t: torch.Tensor) -> float:
+    return float(torch.nanmean(t.double())) if t.numel() else float("nan")
+
+
+def analyse(per_layer: list[dict], layers: list[int], embed: str = "pca", max_points: int = 2000,
+            seed: int = 0) -> tuple[dict, dict, list[str]]:
+    """Numbers per layer, figure panels, and notes on what was skipped."""
+    numbers: dict[int, dict] = {}
+    panels: dict[str, object] = {"clustering": {}, "similarity": {}, "entropy": {}, "receptive_field": {},
+                                 "usage": []}
+    notes: list[str] = []
+    gen = torch.Generator().manual_seed(seed)
+    rf_cap = None
+    for l in layers:
+        cap = per_layer[l]
+        num = numbers[l] = {}
+        keys, values, state, gates = (cap.get(k) for k in ("keys", "values", "final_state", "gates"))
+        # state clustering (Fig. 2)
+        if keys is not None and values is not None and keys.ndim == 4 and values.ndim == 4:
+            r2s = []
+            for h in range(keys.shape[2]):
+                rows = metrics.key_rows(keys[:, :, h]).flatten()
+                vals = values[:, :, h].reshape(-1, values.shape[-1])
+                r2 = metrics.correlation_ratio(vals, rows)
+                r2s.append(r2)
+                if h < MAX_HEADS:
+                    pick = torch.randperm(len(rows), generator=gen)[:max_points]
+                    xy = metrics.tsne_2d(vals[pick], seed=seed) if embed == "tsne" else metrics.pca_2d(vals[pick])
+                    panels["clustering"][(l, h)] = (xy, rows[pick], keys.shape[-1], r2)
+            num["cluster_r2"] = _nanmean(torch.tensor(r2s))
+        else:
+            notes.append(f"layer {l}: no per-token keys/values recorded; clustering skipped")
+        # row similarity (Fig. 3) and singular-value entropy (Fig. 5)
+        if state is not None and state.ndim == 4:
+            sim = metrics.row_cosine_similarity(state)               # [B, H, K, K]
+            num["row_similarity"] = metrics.mean_offdiagonal(sim)
+            num["row_similarity_signed"] = metrics.mean_offdiagonal(sim, absolute=False)
+            num["dead_rows"] = float((state.double().norm(dim=-1) == 0).double().mean())
+            for h in range(min(state.shape[1], MAX_HEADS)):
+                panels["similarity"][(l, h)] = (sim[0, h], metrics.mean_offdiagonal(sim[:, h]))
+            ent = metrics.singular_value_entropy(state)              # [B, H]
+            per_head = torch.nanmean(ent, 0)
+            panels["entropy"][l] = per_head
+            num["sv_entropy"] = _nanmean(per_head)
+        else:
+            notes.append(f"layer {l}: no final_state recorded (not a recurrent-state mixer?); "
+                         "similarity and entropy skipped")
+        # receptive field (Appendix C)
+        if gates is not None and gates.ndim >= 3:
+            rf = metrics.receptive_field(gates, RF_THRESHOLD)        # [B, T, C]
+            last = min(RF_LAST, rf.shape[1])
+            per_channel = rf[:, -last:].double().mean((0, 1))
+            panels["receptive_field"][l] = per_channel
+            rf_cap = round((2 * rf.shape[1] - last - 1) / 2, 1)         # mean position t of those
+            num["receptive_field"] = float(per_channel.mean())
+            num["receptive_field_cap"] = rf_cap
+        else:
+            notes.append(f"layer {l}: no decay gates recorded; receptive field skipped")
+        # usage of routing choices
+        routing = {k: v for k, v in cap.items() if k.startswith("routing")}
+        if not routing and keys is not None and keys.ndim == 4:
+            routing = {"argmax key row (no routing recorded)": metrics.key_rows(keys)[..., None]}
+        for name, r in routing.items():
+            n = None
+            if not r.is_floating_point() and keys is not None and r.shape[:3] == keys.shape[:3]:
+                n = keys.shape[-1]                                    # row choices of a head
+            try:
+                use, bal = metrics.usage(r, n)
+            except ValueError as e:
+                notes.append(f"layer {l}: {name}: usage skipped ({e})")
+                continue
+            summary = metrics.usage_summary(use)
+            num.setdefault("usage", {})[name] = summary
+            panels["usage"].append((f"layer {l}: {name}  (max/balanced {summary['max_over_balanced']:.2f}, "
+                                    f"entropy {summary['usage_entropy']:.3f})", use, bal))
+    panels["rf_cap"] = rf_cap
+    return numbers, panels, notes
+
+
+def _figures(panels: dict, embed: str) -> dict:
+    from sandbox.analysis import plots
+    figs = {}
+    if panels["clustering"]:
+        figs["clustering"] = plots.clustering(panels["clustering"], "t-SNE" if embed == "tsne" else "PCA")
+    if panels["similarity"]:
+        figs["similarity"] = plots.similarity(panels["similarity"])
+    if panels["entropy"]:
+        figs["entropy"] = plots.entropy(panels["entropy"])
+    if panels["receptive_field"]:
+        figs["receptive_field"] = plots.receptive_field(panels["receptive_field"], panels["rf_cap"],
+                                                        RF_THRESHOLD, RF_LAST)
+    if panels["usage"]:
+        figs["usage"] = plots.usage(panels["usage"])
+    return figs
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
+
+
+def _markdown(run, numbers: dict, figs: dict, notes: list[str], batches: int, batch_size: int) -> str:
+    cfg, res = run.cfg, run.result or {}
+    mixers = cfg.model.layer_mixers()
+    acc = res.get("final_accuracy")
+    lines = [f"# inspect: {run.run_dir.name}", "",
+             f"{'+'.join(dict.fromkeys(mixers))}, d_model {cfg.model.d_model}, {cfg.model.n_layers} layers, "
+             f"{cfg.model.n_heads} heads; task {cfg.task.name}; checkpoint step {run.step}"
+             + (f"; test accuracy {acc:.4f}" if acc is not None else "")
+             + f". Measured on {batches} test batches of {batch_size}.", "",
+             "| layer | mixer | row similarity (mean \\|cos\\|) | signed cos | SV entropy | cluster R² | "
+             "receptive field (tokens) | usage max/balanced |",
+             "|---|---|---|---|---|---|---|---|"]
+    for l, n in numbers.items():
+        use = n.get("usage") or {}
+        bal = ", ".join(f"{u['max_over_balanced']:.2f}" for u in use.values()) or "-"
+        rf = f"{n['receptive_field']:.1f} / {n['receptive_field_cap']}" if "receptive_field" in n else "-"
+        lines.append(f"| {l} | {mixers[l]} | {_fmt(n.get('row_similarity'))} | {_fmt(n.get('row_similarity_signed'))}"
+                     f" | {_fmt(n.get('sv_entropy'))} | {_fmt(n.get('cluster_r2'))} | {rf} | {bal} |")
+    lines += ["", "Row similarity: mean off-diagonal |cosine| between rows of the final state (SSE Fig. 3; lower ="
+              " more distinct rows). SV entropy: normalised singular-value entropy of the state, mean over "
+              "heads (SSE Fig. 5, footnote 8; higher = state used more evenly). Cluster R²: share of the "
+              "value vectors' variance explained by the row of the largest key entry (SSE Fig. 2). Receptive "
+              f"field: steps back until the cumulative decay falls below {RF_THRESHOLD:g}, mean over channels "
+              f"and the last {RF_LAST} positions, out of the largest possible (SSE Appendix C).", ""]
+    for name, title in (("clustering", "State clustering"), ("similarity", "Row-wise cosine similarity"),
+                        ("entropy", "Singular-value entropy"), ("receptive_field", "Receptive field"),
+                        ("usage", "Usage")):
+        if name in figs:
+            lines += [f"## {title}", "", f"![{name}]({name}.png)", ""]
+    if notes:
+        lines += ["## Skipped", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines)
+
+
+def inspect_run(run_dir, layer: int | None = None, batches: int = 4, batch_size: int = 64,
+                tsne: bool = False, out=None, device: str = "cpu", tensorboard: bool = True,
+                log=print) -> dict:
+    """Capture, measure, draw, and write the report; returns the summary (also summary.json)."""
+    import matplotlib.pyplot as plt
+
+    run = load_run(run_dir, device)
+    n_layers = len(run.model.mixers)
+    if layer is not None and not 0 <= layer < n_layers:
+        raise ValueError(f"layer: {layer} is out of range; the model has layers 0..{n_layers - 1}")
+    layers = list(range(n_layers)) if layer is None else [layer]
+    per_layer, _ = capture(run.model, run.task, batches, batch_size, layers)
+    embed = "tsne" if tsne else "pca"
+    numbers, panels, notes = analyse(per_layer, layers, embed=embed, max_points=800 if tsne else 2000,
+                                     seed=run.cfg.seed)
+    out_dir = Path(out) if out is not None else run.run_dir / "inspect"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figs = _figures(panels, embed)
+    for name, fig in figs.items():
+        fig.savefig(out_dir / f"{name}.png")
+    md = _markdown(run, numbers, figs, notes, batches, batch_size)
+    (out_dir / "inspect.md").write_text(md)
+    summary = {"run_dir": str(run.run_dir), "step": run.step, "layers": {str(l): n for l, n in numbers.items()},
+               "pictures": sorted(f"{n}.png" for n in figs), "notes": notes}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+        writer = SummaryWriter(log_dir=str(run.run_dir))
+        for name, fig in figs.items():
+            writer.add_figure(f"inspect/{name}", fig, global_step=run.step, close=False)
+        for l, n in numbers.items():
+            for key in ("row_similarity", "sv_entropy", "cluster_r2", "receptive_field"):
+                if key in n:
+                    writer.add_scalar(f"inspect/layer{l}/{key}", n[key], run.step)
+        writer.add_text("inspect/summary", md, run.step)
+        writer.close()
+    for fig in figs.values():
+        plt.close(fig)
+    for l, n in numbers.items():
+        parts = [f"{k} {_fmt(n[k])}" for k in ("row_similarity", "sv_entropy", "cluster_r2", "receptive_field")
+                 if k in n]
+        for name, u in (n.get("usage") or {}).items():
+            parts.append(f"usage[{name}] max/balanced {u['max_over_balanced']:.2f}")
+        log(f"layer {l}: " + ("; ".join(parts) if parts else "nothing recorded"))
+    for note in notes:
+        log(f"note: {note}")
+    log(f"wrote {out_dir / 'inspect.md'} ({len(figs)} pictures)" + ("; TensorBoard: inspect/*" if tensorboard else ""))
+    return summary
