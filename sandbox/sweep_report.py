@@ -1,0 +1,393 @@
+"""What a sweep shows and writes: the live table, ``results.csv``, the per-grid-point
+summary (``summary.csv``, ``summary.md``), ``sandbox sweep status``, and the
+per-grid-point median pruner. Everything is computed from the Optuna study alone, so
+any machine sharing the storage can report on the whole sweep.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import time
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+RESULT_KEYS = ("final_accuracy", "best_accuracy", "best_step", "steps", "wall_time_s", "steps_per_sec",
+               "params", "state_size", "device")
+
+
+def make_console():
+    """A rich console; wide when writing to a file or pipe so tables are not squeezed."""
+    from rich.console import Console
+    c = Console()
+    return c if c.is_terminal else Console(width=200)
+
+
+def objective_value(history: list[dict], metric: str, mode: str, direction: str) -> float:
+    values = [h[metric] for h in history if h.get(metric) is not None]
+    if not values:
+        raise ValueError(f"objective: the run has no {metric} evaluation")
+    if mode == "final":
+        return float(values[-1])
+    return float(max(values) if direction == "maximize" else min(values))
+
+
+class GridMedianPruner(optuna.pruners.BasePruner):
+    """Median pruning among the trials of the same grid point only: comparing a small
+    model's learning rates with a large model's accuracy would prune the small model
+    for being small. A trial is stopped when its best value so far is worse than the
+    median, at the same step, of the finished trials of its grid point."""
+
+    def __init__(self, median: bool = True, warmup_evals: int = 1, min_trials: int = 2):
+        self.warmup_evals, self.min_trials = warmup_evals, min_trials
+
+    def prune(self, study, trial) -> bool:
+        step = trial.last_step
+        if step is None or len(trial.intermediate_values) <= self.warmup_evals:
+            return False
+        maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+        best = max if maximize else min
+        gid = trial.user_attrs.get("grid_id")
+        others = []
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            if t.user_attrs.get("grid_id") == gid and t.number != trial.number:
+                upto = [v for s, v in t.intermediate_values.items() if s <= step]
+                if upto and step in t.intermediate_values:
+                    others.append(best(upto))
+        if len(others) < self.min_trials:
+            return False
+        mine = best(trial.intermediate_values[s] for s in trial.intermediate_values if s <= step)
+        med = statistics.median(others)
+        return mine < med if maximize else mine > med
+
+
+# ---- rows ------------------------------------------------------------------------------------
+
+def status_of(t) -> str:
+    a = t.user_attrs
+    if t.state == TrialState.FAIL:
+        return "requeued" if "requeued_as" in a else "duplicate" if "duplicate_of" in a else \
+            "failed" if "failure" in a else "lost"
+    return {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.RUNNING: "running",
+            TrialState.WAITING: "waiting"}[t.state]
+
+
+def _note(t) -> str:
+    a = t.user_attrs
+    if "requeued_as" in a:
+        return f"{a.get('lost', '')}; requeued as trial {a['requeued_as']}"
+    if "duplicate_of" in a:
+        return f"duplicate of trial {a['duplicate_of']}"
+    return a.get("failure") or a.get("pruned") or a.get("lost") or ""
+
+
+def keys_of(trials) -> tuple[list[str], list[str]]:
+    grid, tune = {}, {}
+    for t in trials:
+        grid.update(dict.fromkeys(t.user_attrs.get("grid", {})))
+        tune.update(dict.fromkeys(t.user_attrs.get("tune", {})))
+    return list(grid), list(tune)
+
+
+def duration(t) -> float | None:
+    if t.datetime_start and t.datetime_complete:
+        return (t.datetime_complete - t.datetime_start).total_seconds()
+    return None
+
+
+def _cell(v):
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, list):
+        return ",".join(map(str, v))
+    return "" if v is None else v
+
+
+def trial_rows(trials) -> list[dict]:
+    grid_keys, tune_keys = keys_of(trials)
+    rows = []
+    for t in sorted(trials, key=lambda t: t.number):
+        a, res = t.user_attrs, t.user_attrs.get("result") or {}
+        row = {"trial": t.number, "status": status_of(t), "point_id": a.get("point_id", "")}
+        row.update({k: a.get("grid", {}).get(k) for k in grid_keys})
+        row.update({k: a.get("tune", {}).get(k) for k in tune_keys})
+        row["sample"] = a.get("sample")
+        row["objective"] = t.value if t.state == TrialState.COMPLETE else None
+        row.update({k: res.get(k) for k in RESULT_KEYS})
+        d = duration(t)
+        row["trial_time_s"] = round(d, 2) if d is not None else None
+        row.update({"worker": a.get("worker", ""), "run_dir": a.get("run_dir", ""), "note": _note(t),
+                    "grid_id": a.get("grid_id", "")})
+        rows.append(row)
+    return rows
+
+
+def grid_summary(trials, direction: str) -> tuple[list[dict], list[str], list[str]]:
+    """One row per grid point: the best objective over its tuned trials."""
+    grid_keys, tune_keys = keys_of(trials)
+    groups: dict[str, list] = {}
+    for r in trial_rows(trials):
+        if r["grid_id"]:
+            groups.setdefault(r["grid_id"], []).append(r)
+    sign = 1 if direction == "maximize" else -1
+    out = []
+    for rows in groups.values():
+        done = [r for r in rows if r["objective"] is not None]
+        best = max(done, key=lambda r: sign * r["objective"]) if done else None
+        counts = {s: sum(r["status"] == s for r in rows) for s in ("complete", "pruned", "failed", "running",
+                                                                  "waiting", "lost")}
+        row = {k: rows[0][k] for k in grid_keys}
+        row["best"] = best["objective"] if best else None
+        row.update({f"best {k}": best[k] if best else None for k in tune_keys})
+        row.update({"trial": best["trial"] if best else None, "steps": best["steps"] if best else None,
+                    "steps_per_sec": best["steps_per_sec"] if best else None,
+                    "params": rows[0]["params"] or (best or {}).get("params"),
+                    "state_size": rows[0]["state_size"] or (best or {}).get("state_size"),
+                    "trials": " ".join(f"{n} {s}" for s, n in counts.items() if n)})
+        out.append(row)
+    return out, grid_keys, tune_keys
+
+
+def seed_summary(summary: list[dict], grid_keys: list[str]) -> list[dict]:
+    """Mean ± std of the per-point best over the `seed` axis."""
+    if "seed" not in grid_keys:
+        return []
+    rest = [k for k in grid_keys if k != "seed"]
+    groups: dict[str, list] = {}
+    for r in summary:
+        groups.setdefault(json.dumps([r[k] for k in rest], default=str), []).append(r)
+    out = []
+    for rows in groups.values():
+        vals = [r["best"] for r in rows if r["best"] is not None]
+        row = {k: rows[0][k] for k in rest}
+        row.update({"mean": statistics.fmean(vals) if vals else None,
+                    "std": statistics.stdev(vals) if len(vals) > 1 else 0.0 if vals else None,
+                    "seeds": f"{len(vals)}/{len(rows)}"})
+        out.append(row)
+    return out
+
+
+def counts(trials) -> dict:
+    c = {s: 0 for s in ("complete", "pruned", "failed", "running", "waiting", "lost", "requeued", "duplicate")}
+    for t in trials:
+        c[status_of(t)] += 1
+    return c
+
+
+def best_trial(trials, direction: str):
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+    if not done:
+        return None
+    return (max if direction == "maximize" else min)(done, key=lambda t: t.value)
+
+
+def point_label(t) -> str:
+    items = {**t.user_attrs.get("grid", {}), **t.user_attrs.get("tune", {})}
+    return " ".join(f"{k}={_cell(v)}" for k, v in items.items()) or "(base)"
+
+
+def progress_line(trials, direction: str, since: float | None = None, workers: int | None = None) -> str:
+    c = counts(trials)
+    total = c["complete"] + c["pruned"] + c["failed"] + c["running"] + c["waiting"] + c["lost"]
+    parts = [f"{c['complete'] + c['pruned'] + c['failed']}/{total} finished ({c['complete']} complete, "
+             f"{c['pruned']} pruned, {c['failed']} failed), {c['running']} running, {c['waiting']} waiting"]
+    b = best_trial(trials, direction)
+    if b is not None:
+        parts.append(f"best {b.value:.4f} (trial {b.number}: {point_label(b)})")
+    eta = _eta(trials, since, workers)
+    if eta is not None:
+        parts.append(f"ETA {_hms(eta)}")
+    return "; ".join(parts)
+
+
+def _eta(trials, since, workers) -> float | None:
+    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+                and duration(t) is not None and "duplicate_of" not in t.user_attrs]
+    recent = [t for t in finished if since is None or t.datetime_start.timestamp() >= since] or finished
+    c = counts(trials)
+    if not recent or not (c["waiting"] + c["running"]):
+        return None
+    mean = statistics.fmean(duration(t) for t in recent)
+    return (c["waiting"] + 0.5 * c["running"]) * mean / max(1, workers or c["running"] or 1)
+
+
+def _hms(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+# ---- live display ------------------------------------------------------------------------
+
+class Board:
+    """A live rich table on a terminal; progress lines (on change, at most every 10 s) otherwise."""
+
+    def __init__(self, console, name: str, t0: float, live: bool | None, direction: str = "maximize"):
+        self.console, self.name, self.t0, self.direction = console, name, t0, direction
+        self.live_enabled = console.is_terminal if live is None else live
+        self.notes: list[str] = []
+        self.live = None
+        self.last_line, self.last_print = "", 0.0
+
+    def __enter__(self):
+        if self.live_enabled:
+            from rich.live import Live
+            self.live = Live(console=self.console, refresh_per_second=2, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def note(self, text: str) -> None:
+        self.notes = (self.notes + [f"{time.strftime('%H:%M:%S')} {text}"])[-5:]
+        if self.live is None:
+            self.console.print(self.notes[-1], highlight=False)
+
+    def update(self, trials, workers: int, gpu: str) -> None:
+        line = progress_line(trials, self.direction, self.t0, workers)
+        if self.live is None:
+            if line != self.last_line and time.time() - self.last_print >= 10 or \
+                    counts(trials)["running"] == 0 and line != self.last_line:
+                self.console.print(f"{time.strftime('%H:%M:%S')} {line}" + (f"  [{gpu}]" if gpu else ""),
+                                   highlight=False)
+                self.last_line, self.last_print = line, time.time()
+            return
+        from rich.console import Group
+        from rich.table import Table
+        table = Table(title=f"running ({workers} workers)", title_justify="left", expand=False)
+        for col in ("trial", "point", "worker", "elapsed", "last value"):
+            table.add_column(col)
+        now = time.time()
+        for t in trials:
+            if t.state == TrialState.RUNNING:
+                last = t.intermediate_values[t.last_step] if t.last_step is not None else None
+                table.add_row(str(t.number), point_label(t), t.user_attrs.get("worker", "?"),
+                              _hms(now - t.datetime_start.timestamp()) if t.datetime_start else "",
+                              "" if last is None else f"{last:.4f} @ {t.last_step}")
+        head = f"[bold]{self.name}[/]  {_hms(now - self.t0)}  {line}" + (f"\nGPU: {gpu}" if gpu else "")
+        self.live.update(Group(head, table, *self.notes))
+
+
+# ---- files ------------------------------------------------------------------------------------
+
+def _write_csv(path: Path, rows: list[dict], drop=()) -> None:
+    cols = [c for c in (rows[0] if rows else {}) if c not in drop]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for r in rows:
+            w.writerow([_cell(r[c]) for c in cols])
+
+
+def _md_table(rows: list[dict]) -> str:
+    if not rows:
+        return "(none)\n"
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(_cell(r[c])) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def timing(trials, wall_s: float | None, since: float | None) -> dict:
+    ran = [t for t in trials if duration(t) is not None and "duplicate_of" not in t.user_attrs
+           and (since is None or t.datetime_start.timestamp() >= since)]
+    total = sum(duration(t) for t in ran)
+    out = {"trials run": len(ran), "sum of trial times (s)": round(total, 1)}
+    if wall_s:
+        out["sweep wall time (s)"] = round(wall_s, 1)
+        out["speed-up over one after another"] = round(total / wall_s, 2) if wall_s > 0 else None
+    return out
+
+
+def gpu_table(samples: list[dict]) -> list[dict]:
+    gpus = sorted({i for s in samples for i in s})
+    rows = []
+    for i in gpus:
+        u = [s[i][0] for s in samples if i in s]
+        m = [s[i][1] for s in samples if i in s]
+        rows.append({"gpu": i, "mean util %": round(statistics.fmean(u), 1), "max util %": max(u),
+                     "mean memory MiB": round(statistics.fmean(m)), "samples": len(u)})
+    return rows
+
+
+def write_outputs(sweep_dir: Path, study, trials, *, wall_s=None, since=None, gpu_samples=(), console=None):
+    rows = trial_rows(trials)
+    _write_csv(sweep_dir / "results.csv", rows, drop=("grid_id",))
+    summary, grid_keys, _ = grid_summary(trials, study.direction.name.lower())
+    _write_csv(sweep_dir / "summary.csv", summary)
+    seeds = seed_summary(summary, grid_keys)
+    failures = [{"trial": r["trial"], "point": point_label(t), "reason": r["note"]}
+                for r, t in zip(rows, sorted(trials, key=lambda t: t.number)) if r["status"] in ("failed", "lost")]
+    tm = timing(trials, wall_s, since)
+    gpu = gpu_table(list(gpu_samples))
+    md = [f"# Sweep {study.study_name}\n", progress_line(trials, study.direction.name.lower()) + "\n",
+          "## Best per grid point\n", _md_table(summary)]
+    if seeds:
+        md += ["## Mean ± std over seeds (of the per-point best)\n", _md_table(seeds)]
+    md += ["## Failures\n", _md_table(failures), "## Time (this invocation)\n", _md_table([tm])]
+    if gpu:
+        md += ["## GPU utilisation (nvidia-smi samples during this invocation)\n", _md_table(gpu)]
+    (sweep_dir / "summary.md").write_text("\n".join(md))
+    if console is not None:
+        print_summary(console, study, trials, summary, seeds, failures, tm, gpu)
+        console.print(f"results: {sweep_dir / 'results.csv'}  summary: {sweep_dir / 'summary.md'}  "
+                      f"tensorboard --logdir {sweep_dir}")
+
+
+def _rich_table(title: str, rows: list[dict]):
+    from rich.table import Table
+    t = Table(title=title, title_justify="left")
+    for c in rows[0]:
+        t.add_column(str(c))
+    for r in rows:
+        t.add_row(*[str(_cell(r[c])) for c in rows[0]])
+    return t
+
+
+def print_summary(console, study, trials, summary, seeds, failures, tm, gpu) -> None:
+    console.print(progress_line(trials, study.direction.name.lower()), highlight=False)
+    if summary:
+        console.print(_rich_table("best per grid point", summary))
+    if seeds:
+        console.print(_rich_table("mean ± std over seeds", seeds))
+    if failures:
+        console.print(_rich_table("failures", failures))
+    if tm.get("trials run"):
+        console.print(_rich_table("time", [tm]))
+    if gpu:
+        console.print(_rich_table("GPU utilisation", gpu))
+
+
+def status(sweep_dir: Path, storage_url: str | None) -> int:
+    from sandbox.sweep import load_study, open_storage
+
+    meta_path = sweep_dir / "sweep.json"
+    if not meta_path.is_file():
+        raise ValueError(f"{sweep_dir}: not a sweep directory (no sweep.json)")
+    meta = json.loads(meta_path.read_text())
+    url = storage_url or meta["storage"]
+    if url and "***" in url:
+        raise ValueError(f"{sweep_dir}: the sweep uses {url}; pass --storage with the password")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = load_study(open_storage(sweep_dir, url), meta["study"])
+    trials = study.get_trials(deepcopy=False)
+    console = make_console()
+    summary, grid_keys, _ = grid_summary(trials, study.direction.name.lower())
+    rows = trial_rows(trials)
+    failures = [{"trial": r["trial"], "reason": r["note"]} for r in rows if r["status"] in ("failed", "lost")]
+    print_summary(console, study, trials, summary, seed_summary(summary, grid_keys), failures, {}, [])
+    running = [t for t in trials if t.state == TrialState.RUNNING]
+    if running:
+        console.print(_rich_table("running", [{"trial": t.number, "point": point_label(t),
+                                               "worker": t.user_attrs.get("worker", "?")} for t in running]))
+    return 0
+
+
+def print_points(spec) -> int:
+    points = spec.points()
+    rows = [{"#": i, **p.grid, **p.tune, "point id": p.point_id} for i, p in enumerate(points)]
+    make_console().print(_rich_table(f"{spec.name}: {len(points)} trials", rows))
+    return 0

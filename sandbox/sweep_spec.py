@@ -1,0 +1,333 @@
+"""Sweep YAML -> a validated ``SweepSpec`` and the list of its trial points.
+
+A sweep file has a base run config, grid axes, tuned keys, an objective and optional
+pruning (see docs/sweeps.md). Every grid point (and every tuned value or range end)
+is turned into a run config and validated with the run-config parser before anything
+runs, so a bad point fails the whole sweep at once with a one-line
+``ConfigError`` naming the file and the key.
+
+A *point* is one trial to run: the grid values, the tuned values and, for sampled
+ranges, the sample index. ``point_id`` (a hash of all three) identifies it in the
+Optuna study so that each point is enqueued exactly once; ``grid_id`` groups the
+trials of one grid point (best over the tuned keys, per-point pruning).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import math
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sandbox.config import (ConfigError, RunConfig, config_from_dict, flatten, parse_dataclass, read_yaml,
+                            set_dotted, to_dict)
+
+TOP_KEYS = ("name", "base", "grid", "tune", "objective", "pruning")
+METRICS = ("test/accuracy", "test/loss")
+RANGE_KEYS = ("low", "high", "log", "trials")
+
+
+@dataclass
+class Objective:
+    metric: Literal["test/accuracy", "test/loss"] = "test/accuracy"
+    mode: Literal["best", "final"] = "best"            # best evaluation of the run, or the last one
+    direction: Literal["maximize", "minimize"] | None = None   # default: maximize accuracy, minimize loss
+
+    def __post_init__(self):
+        if self.direction is None:
+            self.direction = "minimize" if self.metric == "test/loss" else "maximize"
+
+
+@dataclass
+class Pruning:
+    median: bool = True          # stop a trial whose metric is below the median of its grid point's trials
+    warmup_evals: int = 1        # evaluations a trial always gets before it can be pruned
+    min_trials: int = 2          # finished trials of the same grid point needed before pruning starts
+
+    def __post_init__(self):
+        if self.warmup_evals < 0:
+            raise ValueError(f"warmup_evals: must be >= 0, got {self.warmup_evals}")
+        if self.min_trials < 1:
+            raise ValueError(f"min_trials: must be >= 1, got {self.min_trials}")
+
+
+@dataclass
+class Range:
+    low: float
+    high: float
+    log: bool = False
+    trials: int = 1
+
+
+@dataclass
+class Point:
+    grid: dict[str, Any]          # dotted key -> value
+    tune: dict[str, Any]          # dotted key -> value (listed or sampled)
+    sample: int | None            # index of the sampled value set (ranges only)
+    grid_id: str
+    point_id: str
+
+    def label(self, keys=None) -> str:
+        items = {**self.grid, **self.tune}
+        return " ".join(f"{k}={_fmt(v)}" for k, v in items.items() if keys is None or k in keys) or "(base)"
+
+
+@dataclass
+class SweepSpec:
+    name: str
+    source: str
+    base: dict                                  # plain nested dict of the validated base config
+    axes: list[tuple[list[str], list[list]]]    # (keys, rows of values); a zipped axis has several keys
+    tune_lists: dict[str, list] = field(default_factory=dict)
+    tune_ranges: dict[str, Range] = field(default_factory=dict)
+    objective: Objective = field(default_factory=Objective)
+    pruning: Pruning | None = None
+
+    @property
+    def grid_keys(self) -> list[str]:
+        return [k for keys, _ in self.axes for k in keys]
+
+    @property
+    def tune_keys(self) -> list[str]:
+        return [*self.tune_lists, *self.tune_ranges]
+
+    @property
+    def samples(self) -> int | None:
+        return next(iter(self.tune_ranges.values())).trials if self.tune_ranges else None
+
+    def fingerprint(self) -> dict:
+        """What must not change when a sweep directory or study is resumed."""
+        return {"base": self.base, "objective": dict(vars(self.objective)),
+                "pruning": dict(vars(self.pruning)) if self.pruning else None}
+
+    def points(self) -> list[Point]:
+        """All trial points, grid axes varying slowest-last in YAML order."""
+        out = []
+        for combo in itertools.product(*[rows for _, rows in self.axes]):
+            grid = {k: v for (keys, _), row in zip(self.axes, combo) for k, v in zip(keys, row)}
+            grid = canonical(self.base, grid)
+            grid_id = _hash({"grid": grid})
+            sampled = self._sample(grid_id)
+            for listed in itertools.product(*self.tune_lists.values()):
+                tune = canonical(self.base, dict(zip(self.tune_lists, listed)))
+                for s, values in enumerate(sampled or [None]):
+                    t = {**tune, **(values or {})}
+                    ident = {"grid": grid, "tune": tune, "sample": None if values is None else s}
+                    out.append(Point(grid, t, ident["sample"], grid_id, _hash(ident)))
+        return out
+
+    def _sample(self, grid_id: str) -> list[dict] | None:
+        """Stratified values of the tuned ranges for one grid point: the range (in log space
+        if ``log``) is cut into ``trials`` equal slices, each slice gets one value drawn
+        uniformly inside it, and the slices of different keys are shuffled against each
+        other (a Latin hypercube). Seeded by the sweep name and grid point, so a resumed
+        sweep enqueues exactly the same values."""
+        if not self.tune_ranges:
+            return None
+        n = self.samples
+        rng = random.Random(f"{self.name}/{grid_id}")
+        cols = {}
+        for key, r in self.tune_ranges.items():
+            order = list(range(n))
+            rng.shuffle(order)
+            lo, hi = (math.log(r.low), math.log(r.high)) if r.log else (r.low, r.high)
+            vals = [lo + (hi - lo) * (i + rng.random()) / n for i in order]
+            cols[key] = [float(f"{(math.exp(v) if r.log else v):.4g}") for v in vals]
+        return [{k: cols[k][i] for k in cols} for i in range(n)]
+
+    def point_config(self, point: Point) -> RunConfig:
+        return build_config(self.base, {**point.grid, **point.tune}, self.source)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, list):
+        return ",".join(map(str, v))
+    return str(v)
+
+
+def _hash(obj) -> str:
+    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def build_config(base: dict, values: dict, src: str = "<sweep>") -> RunConfig:
+    data = copy.deepcopy(base)
+    for key, value in values.items():
+        set_dotted(data, key, value, src)
+    return config_from_dict(data, src)
+
+
+def canonical(base: dict, values: dict) -> dict:
+    """The values as the run config reads them (e.g. the string "1e-3" becomes 0.001)."""
+    if not values:
+        return {}
+    flat = flatten(to_dict(build_config(base, values)))
+    return {k: flat.get(k, v) for k, v in values.items()}
+
+
+def _point_error(src: str, where: str, err: ConfigError) -> ConfigError:
+    return ConfigError(src, where, f"{err.key}: {err.reason}" if err.key and err.key != where.split(".", 1)[-1]
+                       else err.reason)
+
+
+def load_sweep(path) -> SweepSpec:
+    """Read and validate a sweep file; every error is a one-line ``ConfigError``."""
+    path = Path(path)
+    src = str(path)
+    raw = read_yaml(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(src, "", "a sweep file is a mapping with base, grid, tune, objective")
+    for key in raw:
+        if key not in TOP_KEYS:
+            raise ConfigError(src, str(key), f"unknown key (known: {', '.join(TOP_KEYS)})")
+    name = raw.get("name", path.stem)
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise ConfigError(src, "name", f"must be a plain name (letters, digits, . _ -), got {name!r}")
+
+    base_raw = raw.get("base")
+    if isinstance(base_raw, str):                    # a path to a run YAML, relative to the sweep file
+        base_raw = read_yaml(path.parent / base_raw)
+    if not isinstance(base_raw, dict):
+        raise ConfigError(src, "base", "missing: a run config (task, model, train) or the path of one")
+    try:
+        base_cfg = config_from_dict(copy.deepcopy(base_raw), src)
+    except ConfigError as e:
+        raise ConfigError(src, f"base.{e.key}" if e.key else "base", e.reason) from None
+    base = to_dict(base_cfg)
+    base["name"] = None
+
+    axes = _parse_grid(raw.get("grid"), src)
+    tune_lists, tune_ranges = _parse_tune(raw.get("tune"), src)
+    grid_keys = [k for keys, _ in axes for k in keys]
+    for key in [*grid_keys, *tune_lists, *tune_ranges]:
+        if key == "name":
+            raise ConfigError(src, key, "the sweep names its trials itself; `name` cannot be swept")
+    for key in [*tune_lists, *tune_ranges]:
+        if key in grid_keys:
+            raise ConfigError(src, f"tune.{key}", "is also a grid axis; a key is either a grid axis or tuned")
+
+    # every key on its own (so an unknown key is named as such) ...
+    for keys, rows in axes:
+        for j, key in enumerate(keys):
+            for row in rows:
+                _check(base, {key: row[j]}, src, f"grid.{key}")
+    for key, values in tune_lists.items():
+        for v in values:
+            _check(base, {key: v}, src, f"tune.{key}")
+    for key, r in tune_ranges.items():
+        for end in ("low", "high"):
+            cfg = _check(base, {key: getattr(r, end)}, src, f"tune.{key}.{end}")
+            if not isinstance(flatten(to_dict(cfg)).get(key), float):
+                raise ConfigError(src, f"tune.{key}", "a range needs a float config key; list the values instead")
+
+    objective = _parse_section(Objective, raw.get("objective"), "objective", src)
+    pruning = _parse_section(Pruning, raw["pruning"], "pruning", src) if raw.get("pruning") is not None else None
+    if pruning is not None and not pruning.median:
+        pruning = None
+    spec = SweepSpec(name, src, base, axes, tune_lists, tune_ranges, objective, pruning)
+
+    # ... then every combination (a grid value may be valid alone but not with another)
+    lists = list(itertools.product(*tune_lists.values())) or [()]
+    ends = [{k: getattr(r, e) for k, r in tune_ranges.items()} for e in ("low", "high")] if tune_ranges else [{}]
+    for combo in itertools.product(*[rows for _, rows in axes]):
+        grid = {k: v for (keys, _), row in zip(axes, combo) for k, v in zip(keys, row)}
+        for listed in lists:
+            for extra in ends:
+                values = {**grid, **dict(zip(tune_lists, listed)), **extra}
+                cfg = _check(base, values, src, "grid point " + ", ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
+                if cfg.train.device.startswith("cuda:"):
+                    raise ConfigError(src, "train.device", "a sweep places trials on GPUs itself (one "
+                                      "CUDA_VISIBLE_DEVICES per worker); use auto, cuda or cpu")
+    return spec
+
+
+def _check(base: dict, values: dict, src: str, where: str) -> RunConfig:
+    try:
+        return build_config(base, values, src)
+    except ConfigError as e:
+        if where.startswith("grid point"):
+            raise ConfigError(src, where, f"{e.key}: {e.reason}" if e.key else e.reason) from None
+        raise _point_error(src, where, e) from None
+
+
+def _parse_section(cls, data, where: str, src: str):
+    try:
+        return parse_dataclass(cls, data, where, src)
+    except TypeError as e:                            # a required field is missing
+        raise ConfigError(src, where, str(e)) from None
+
+
+def _parse_grid(data, src: str) -> list[tuple[list[str], list[list]]]:
+    if data is None:
+        return []
+    if not isinstance(data, dict):
+        raise ConfigError(src, "grid", "expected a mapping of config keys to lists of values")
+    axes, seen = [], set()
+    for raw_key, values in data.items():
+        where = f"grid.{raw_key}"
+        keys = [k.strip() for k in str(raw_key).split(",")]
+        if not all(keys):
+            raise ConfigError(src, where, "empty key in a zipped axis (write `a.b, c.d: [[x, y], ...]`)")
+        for k in keys:
+            if k in seen:
+                raise ConfigError(src, where, f"{k} appears in two grid axes")
+            seen.add(k)
+        if not isinstance(values, list):
+            raise ConfigError(src, where, f"expected a list of values, got {values!r}")
+        if not values:
+            raise ConfigError(src, where, "empty axis (give at least one value)")
+        if len(keys) == 1:
+            rows = [[v] for v in values]
+        else:
+            rows = values
+            for i, row in enumerate(rows):
+                if not isinstance(row, list) or len(row) != len(keys):
+                    raise ConfigError(src, f"{where}[{i}]", f"a zipped axis of {len(keys)} keys needs rows of "
+                                      f"{len(keys)} values, got {row!r}")
+        if len({json.dumps(r, sort_keys=True, default=str) for r in rows}) != len(rows):
+            raise ConfigError(src, where, "repeats a value (each grid point runs once)")
+        axes.append((keys, rows))
+    return axes
+
+
+def _parse_tune(data, src: str) -> tuple[dict[str, list], dict[str, Range]]:
+    if data is None:
+        return {}, {}
+    if not isinstance(data, dict):
+        raise ConfigError(src, "tune", "expected a mapping of config keys to a list or {low, high, log, trials}")
+    lists, ranges = {}, {}
+    for key, spec in data.items():
+        where = f"tune.{key}"
+        if isinstance(spec, list):
+            if not spec:
+                raise ConfigError(src, where, "empty list (give at least one value)")
+            if len({json.dumps(v, sort_keys=True, default=str) for v in spec}) != len(spec):
+                raise ConfigError(src, where, "repeats a value")
+            lists[key] = spec
+        elif isinstance(spec, dict):
+            for k in spec:
+                if k not in RANGE_KEYS:
+                    raise ConfigError(src, f"{where}.{k}", f"unknown key (known: {', '.join(RANGE_KEYS)})")
+            for k in ("low", "high"):
+                if k not in spec:
+                    raise ConfigError(src, f"{where}.{k}", "missing (a range needs low and high)")
+            r = parse_dataclass(Range, spec, where, src)
+            if not r.low < r.high:
+                raise ConfigError(src, f"{where}.high", f"must be > low ({r.low:g}), got {r.high:g}")
+            if r.log and r.low <= 0:
+                raise ConfigError(src, f"{where}.low", f"a log range needs low > 0, got {r.low:g}")
+            if r.trials < 1:
+                raise ConfigError(src, f"{where}.trials", f"the trial budget must be >= 1, got {r.trials}")
+            ranges[key] = r
+        else:
+            raise ConfigError(src, where, f"expected a list of values or {{low, high, log, trials}}, got {spec!r}")
+    budgets = {r.trials for r in ranges.values()}
+    if len(budgets) > 1:
+        raise ConfigError(src, "tune", f"all ranges share one trial budget (sampled together); got {sorted(budgets)}")
+    return lists, ranges
