@@ -5,6 +5,7 @@ or ``--set``), the dotted key and the reason; the CLI prints it and exits with 2
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
@@ -292,7 +293,7 @@ def set_dotted(data: dict, key: str, value, src: str = "--set") -> None:
 def load_config(path=None, overrides=(), data: dict | None = None) -> RunConfig:
     """Read a YAML file (or a dict), apply ``KEY=VALUE`` overrides, validate."""
     src = str(path) if path is not None else "<config>"
-    raw = read_yaml(path) if path is not None else dict(data or {})
+    raw = read_yaml(path) if path is not None else copy.deepcopy(data or {})
     if not isinstance(raw, dict):
         raise ConfigError(src, "", "the top level must be a mapping with task, model and train sections")
     for item in overrides:
