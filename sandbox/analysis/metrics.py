@@ -157,7 +157,7 @@ def pca_2d(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([y, y.new_zeros(y.shape[0], 2 - y.shape[1])], 1) if y.shape[1] < 2 else y
 
 
-def tsne_2d(x: torch.Tensor, perplexity: float = 30.0, iters: int = 600, seed: int = 0) -> torch.Tensor:
+def tsne_2d(x: torch.Tensor, perplexity: float = 30.0, iters: int = 1000, seed: int = 0) -> torch.Tensor:
     """Exact t-SNE (van der Maaten & Hinton 2008) of ``[N, D]`` into 2-D; O(N^2) memory, so keep
     N to a few thousand. PCA initialisation, early exaggeration 12 for the first 250 steps,
     momentum 0.5 -> 0.8 and per-coordinate gains."""

@@ -1,0 +1,253 @@
+"""``sandbox plot``: the papers' curves from a sweep directory.
+
+Rows come from ``SWEEP_DIR/results.csv`` (one row per trial, config keys as dotted columns,
+written by ``sandbox sweep``) or, when that file is absent, from every
+``SWEEP_DIR/**/result.json`` (the run's config flattened to dotted keys plus its result
+fields; ``test/accuracy`` there means ``best_accuracy``).
+
+Aggregation, per point of the plot (panel ``--col`` x line ``--hue`` x ``--x`` [x ``--heatmap``]):
+first the best ``--y`` over every other varying config key (the tuned keys, e.g. train.lr;
+they are printed) separately for each seed, then mean and spread over seeds.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from pathlib import Path
+
+import yaml
+
+from sandbox.config import flatten
+
+RESULT_FIELDS = ("status", "error", "final_accuracy", "best_accuracy", "best_step", "steps", "wall_time_s",
+                 "train_time_s", "steps_per_sec", "params", "state_size", "device", "objective")
+Y_ALIASES = {"test/accuracy": ("test/accuracy", "best_accuracy", "objective"),
+             "accuracy": ("best_accuracy", "objective"),
+             "test/final_accuracy": ("test/final_accuracy", "final_accuracy")}
+
+
+def _value(text):
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        return text
+    if text == "" or text in ("None", "null", "nan", "NaN"):
+        return None
+    try:
+        v = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return v if isinstance(v, (int, float, bool, str)) else text
+
+
+def load_rows(sweep_dir) -> tuple[list[dict], str]:
+    """Rows of a sweep (results.csv, else */result.json) and a word on where they came from."""
+    d = Path(sweep_dir)
+    if not d.is_dir():
+        raise ValueError(f"sweep_dir: {d} is not a directory")
+    csv_path = d / "results.csv"
+    if csv_path.is_file():
+        with csv_path.open(newline="") as f:
+            rows = [{k: _value(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        return rows, str(csv_path)
+    rows = []
+    for path in sorted(d.glob("**/result.json")):
+        try:
+            res = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        row = {k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v))
+               for k, v in flatten(res.get("config") or {}).items()}
+        row.update({k: res.get(k) for k in RESULT_FIELDS if k in res})
+        row["test/accuracy"] = res.get("best_accuracy")
+        row["test/final_accuracy"] = res.get("final_accuracy")
+        row["run_dir"] = str(path.parent)
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"sweep_dir: {d} has neither results.csv nor any */result.json")
+    return rows, f"{len(rows)} result.json files under {d}"
+
+
+def _number(v) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _key(v):
+    """Sort key mixing numbers and strings."""
+    n = _number(v)
+    return (0, n, "") if n is not None else (1, 0.0, str(v))
+
+
+def aggregate(rows: list[dict], y: str, axes: list[str], seed_key: str = "seed", lower_is_better: bool = False):
+    """``{axis values: stats}`` with stats = mean, std, min, max, seeds, trials, and the list of
+    keys the best was taken over."""
+    cols = set().union(*(r.keys() for r in rows)) if rows else set()
+    for a in axes:
+        if a not in cols:
+            near = sorted(c for c in cols if a.split(".")[-1] in c)[:5]
+            raise ValueError(f"{a}: no such column in the sweep results" + (f" (similar: {', '.join(near)})" if near else ""))
+    pick = min if lower_is_better else max
+    per_seed: dict[tuple, list] = {}
+    for r in rows:
+        v = _number(r.get(y))
+        if v is None:
+            continue
+        k = tuple(str(r.get(a)) for a in axes) + (str(r.get(seed_key)),)
+        per_seed.setdefault(k, []).append((v, r))
+    tuned = set()
+    skip = set(axes) | {seed_key, y, "run_dir", "name", *RESULT_FIELDS}
+    for group in per_seed.values():
+        if len(group) > 1:
+            for c in cols - skip:
+                if "." in c and len({str(r.get(c)) for _, r in group}) > 1:
+                    tuned.add(c)
+    points: dict[tuple, dict] = {}
+    for k, group in per_seed.items():
+        best = pick(v for v, _ in group)
+        p = points.setdefault(k[:-1], {"values": [], "trials": 0, "raw": group[0][1]})
+        p["values"].append(best)
+        p["trials"] += len(group)
+    out = {}
+    for k, p in points.items():
+        vals = p["values"]
+        m = sum(vals) / len(vals)
+        sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+        out[tuple(p["raw"].get(a) for a in axes)] = {"mean": m, "std": sd, "min": min(vals), "max": max(vals),
+                                                     "seeds": len(vals), "trials": p["trials"]}
+    return out, sorted(tuned)
+
+
+def _resolve_y(rows: list[dict], y: str) -> str:
+    cols = set().union(*(r.keys() for r in rows))
+    for c in (y, *Y_ALIASES.get(y, ())):
+        if c in cols and any(_number(r.get(c)) is not None for r in rows):
+            return c
+    numeric = sorted(c for c in cols if any(_number(r.get(c)) is not None for r in rows) and "." not in c)
+    raise ValueError(f"y: no numeric column {y!r} in the sweep results (numeric result columns: {', '.join(numeric)})")
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", s).strip("_")
+
+
+def _filter(rows: list[dict], where: list[str]) -> list[dict]:
+    for cond in where:
+        key, sep, raw = cond.partition("=")
+        if not sep:
+            raise ValueError(f"where: expected KEY=VALUE, got {cond!r}")
+        want = _value(raw)
+        rows = [r for r in rows if r.get(key) == want or str(r.get(key)) == raw]
+    if not rows:
+        raise ValueError(f"where: no rows left after {', '.join(where)}")
+    return rows
+
+
+def plot_sweep(sweep_dir, x: str, y: str = "test/accuracy", hue: str | None = None, col: str | None = None,
+               heatmap: str | None = None, spread: str = "minmax", out=None, where=(), log=print) -> dict:
+    """Draw curves (or heatmaps) and print the table; returns the aggregated points."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if spread not in ("minmax", "std"):
+        raise ValueError(f"spread: must be minmax or std, got {spread!r}")
+    if heatmap and hue:
+        raise ValueError("hue: a heatmap has no lines; use --col or --where to split it")
+    rows, source = load_rows(sweep_dir)
+    rows = _filter(rows, list(where))
+    ycol = _resolve_y(rows, y)
+    axes = [a for a in (col, hue, heatmap, x) if a]
+    lower = "loss" in ycol
+    points, tuned = aggregate(rows, ycol, axes, lower_is_better=lower)
+    if not points:
+        raise ValueError(f"y: no row has a value for {ycol}")
+    log(f"{source}: {len(rows)} trials, y = {ycol}" + (f" ({'lowest' if lower else 'best'} over "
+                                                         f"{', '.join(tuned)} per seed)" if tuned else ""))
+    # the table
+    head = [a for a in axes] + ["mean", "min", "max", "std", "seeds", "trials"]
+    table = [[str(k[i]) for i in range(len(axes))] + [f"{s['mean']:.4f}", f"{s['min']:.4f}", f"{s['max']:.4f}",
+                                                       f"{s['std']:.4f}", str(s["seeds"]), str(s["trials"])]
+             for k, s in sorted(points.items(), key=lambda kv: [_key(v) for v in kv[0]])]
+    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(head)]
+    log("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+    for r in table:
+        log("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+
+    def values_of(i):
+        return sorted({k[i] for k in points}, key=_key)
+
+    ci = 0 if col else None
+    panels = values_of(ci) if col else [None]
+    xs = values_of(len(axes) - 1)
+    numeric_x = all(_number(v) is not None for v in xs)
+    fig, axs = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + (1 if heatmap else 0), 3.8),
+                            squeeze=False, dpi=100)
+    for pi, pv in enumerate(panels):
+        ax = axs[0, pi]
+        sub = {k: s for k, s in points.items() if not col or k[0] == pv}
+        if heatmap:
+            hi = axes.index(heatmap)
+            hv = values_of(hi)
+            grid = np.full((len(hv), len(xs)), np.nan)
+            for k, s in sub.items():
+                grid[hv.index(k[hi]), xs.index(k[-1])] = s["mean"]
+            im = ax.imshow(grid, cmap="viridis", origin="lower", aspect="auto")
+            for (r, c), v in np.ndenumerate(grid):
+                if not np.isnan(v):
+                    ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                            color="w" if v < np.nanmean(grid) else "k")
+            ax.set_xticks(range(len(xs)), [str(v) for v in xs])
+            ax.set_yticks(range(len(hv)), [str(v) for v in hv])
+            ax.set_ylabel(heatmap)
+            fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03).set_label(ycol)
+        else:
+            hues = values_of(axes.index(hue)) if hue else [None]
+            for hv in hues:
+                line = sorted(((k[-1], s) for k, s in sub.items() if not hue or k[axes.index(hue)] == hv),
+                              key=lambda t: _key(t[0]))
+                if not line:
+                    continue
+                px = [_number(v) if numeric_x else xs.index(v) for v, _ in line]
+                m = np.array([s["mean"] for _, s in line])
+                lo = np.array([s["min"] if spread == "minmax" else s["mean"] - s["std"] for _, s in line])
+                hi_ = np.array([s["max"] if spread == "minmax" else s["mean"] + s["std"] for _, s in line])
+                ax.plot(px, m, marker="o", ms=4, label=str(hv) if hue else None)
+                ax.fill_between(px, lo, hi_, alpha=0.2)
+            if numeric_x:
+                nx = [_number(v) for v in xs]
+                if min(nx) > 0 and max(nx) / min(nx) >= 8:
+                    ax.set_xscale("log", base=2)
+                ax.set_xticks(nx, [str(v) for v in xs])
+                ax.minorticks_off()
+            else:
+                ax.set_xticks(range(len(xs)), [str(v) for v in xs])
+            ax.set_ylabel(ycol)
+            ax.grid(alpha=0.3)
+            if hue:
+                ax.legend(title=hue, fontsize=7, title_fontsize=7)
+        ax.set_xlabel(x)
+        if col:
+            ax.set_title(f"{col} = {pv}", fontsize=9)
+    band = "min..max" if spread == "minmax" else "±1 std"
+    fig.suptitle(f"{ycol}: best over {', '.join(tuned) or 'trials'} per seed; mean"
+                 + ("" if heatmap else f" and {band}") + " over seeds", fontsize=9)
+    fig.tight_layout()
+    if out is None:
+        name = f"{_slug(ycol)}_vs_{_slug(x)}" + (f"_by_{_slug(heatmap)}" if heatmap else "") \
+               + (f"_hue_{_slug(hue)}" if hue else "") + (f"_col_{_slug(col)}" if col else "")
+        out = Path(sweep_dir) / "plots" / f"{name}.png"
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    log(f"wrote {out}")
+    return {"points": points, "tuned": tuned, "y": ycol, "path": str(out)}

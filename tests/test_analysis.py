@@ -1,0 +1,318 @@
+"""State metrics on constructed states with known answers, the t distribution against closed
+forms and numerical integration, sweep aggregation by hand, and CPU smoke runs of
+``sandbox inspect``, ``sandbox plot`` and ``sandbox compare``."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from sandbox.analysis import metrics
+from sandbox.analysis.stats import mean_ci, t_cdf, t_ppf, welch_test
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: intra-op threads only spin against the other processes on a shared CPU."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _orthogonal(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
+    return q
+
+
+# ---- row similarity and singular-value entropy ---------------------------------------------
+
+def test_orthogonal_rows_have_zero_similarity_and_maximal_entropy():
+    S = 3.0 * _orthogonal(8)[:, None].expand(8, 2, 8).transpose(0, 1)   # [H=2, K=8, V=8]
+    sim = metrics.row_cosine_similarity(S)
+    assert metrics.mean_offdiagonal(sim) == pytest.approx(0.0, abs=1e-12)
+    assert torch.allclose(torch.diagonal(sim, dim1=-2, dim2=-1), torch.ones(2, 8, dtype=torch.float64))
+    assert torch.allclose(metrics.singular_value_entropy(S), torch.ones(2, dtype=torch.float64))
+
+
+def test_entropy_matches_footnote_formula_for_known_singular_values():
+    sv = [4.0, 2.0, 1.0, 0.5, 0.0, 0.0]
+    S = torch.diag(torch.tensor(sv, dtype=torch.float64)) @ _orthogonal(6, 1)
+    S = _orthogonal(6, 2) @ S                       # singular values stay exactly sv
+    total = sum(s * s for s in sv)
+    want = -sum((s * s / total) * math.log(s * s / total) for s in sv if s > 0) / math.log(len(sv))
+    assert float(metrics.singular_value_entropy(S)) == pytest.approx(want, abs=1e-10)
+    # a wide state: n = min(K, V) singular values
+    W = torch.cat([S, torch.zeros(6, 3, dtype=torch.float64)], 1)
+    assert float(metrics.singular_value_entropy(W)) == pytest.approx(want, abs=1e-10)
+
+
+def test_rank_one_state_has_zero_entropy_and_parallel_rows():
+    g = torch.Generator().manual_seed(3)
+    u, v = torch.randn(5, generator=g, dtype=torch.float64), torch.randn(7, generator=g, dtype=torch.float64)
+    S = torch.outer(u, v)
+    assert float(metrics.singular_value_entropy(S)) == pytest.approx(0.0, abs=1e-10)
+    sim = metrics.row_cosine_similarity(S)
+    assert metrics.mean_offdiagonal(sim) == pytest.approx(1.0, abs=1e-12)
+    signs = torch.sign(u)
+    assert metrics.mean_offdiagonal(sim, absolute=False) == pytest.approx(
+        float(sum(signs[i] * signs[j] for i in range(5) for j in range(5) if i != j) / 20), abs=1e-12)
+
+
+def test_similarity_signed_absolute_and_dead_rows():
+    S = torch.tensor([[1.0, 0.0], [-0.5, math.sqrt(3) / 2], [0.0, 0.0]], dtype=torch.float64)
+    sim = metrics.row_cosine_similarity(S)         # cos(row0, row1) = -0.5; row 2 never written
+    assert torch.isnan(sim[2]).all() and torch.isnan(sim[:, 2]).all()
+    assert metrics.mean_offdiagonal(sim, absolute=False) == pytest.approx(-0.5)
+    assert metrics.mean_offdiagonal(sim) == pytest.approx(0.5)
+    assert torch.isnan(metrics.singular_value_entropy(torch.zeros(3, 3)))
+
+
+# ---- receptive field ------------------------------------------------------------------------
+
+def _naive_receptive_field(log_gates: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Definition 4 of the SSE paper, literally: max{t - s : prod_{j=s+1..t} alpha_j >= thr}."""
+    B, T, C = log_gates.shape
+    alpha = log_gates.double().exp()
+    out = torch.zeros(B, T, C, dtype=torch.int64)
+    for b in range(B):
+        for c in range(C):
+            for t in range(T):
+                best, prod = 0, 1.0
+                for s in range(t, -1, -1):           # product over j = s+1..t
+                    if s < t:
+                        prod *= float(alpha[b, s + 1, c])
+                    if prod >= threshold:
+                        best = t - s
+                out[b, t, c] = best
+    return out
+
+
+def test_receptive_field_constant_gate_closed_form():
+    alpha, T = 0.9, 100
+    g = torch.full((2, T, 3), math.log(alpha))
+    rf = metrics.receptive_field(g, 1e-3)
+    width = math.floor(math.log(1e-3) / math.log(alpha))       # 65: 0.9**65 >= 1e-3 > 0.9**66
+    want = torch.clamp(torch.arange(T), max=width)
+    assert width == 65
+    assert torch.equal(rf[0, :, 0], want) and torch.equal(rf[1, :, 2], want)
+    assert torch.equal(metrics.receptive_field(torch.zeros(1, T, 2)), torch.arange(T)[None, :, None].expand(1, T, 2))
+
+
+def test_receptive_field_matches_definition_on_random_gates_and_channel_order():
+    g = torch.Generator().manual_seed(5)
+    gates = -torch.rand(2, 40, 2, 3, generator=g, dtype=torch.float64) * 0.6     # [B, T, H, K]
+    gates[0, 10:20, 1, 2] = 0.0                                                    # an untouched top-k row
+    rf = metrics.receptive_field(gates, 1e-2)
+    assert rf.shape == (2, 40, 6)
+    assert torch.equal(rf, _naive_receptive_field(gates.flatten(2), 1e-2))
+    scalar = metrics.receptive_field(gates[..., 0], 1e-2)                         # [B, T, H]: one lane per head
+    assert torch.equal(scalar, _naive_receptive_field(gates[..., 0], 1e-2))
+    with pytest.raises(ValueError, match="threshold"):
+        metrics.receptive_field(gates, 2.0)
+
+
+# ---- usage ------------------------------------------------------------------------------------
+
+def test_usage_counts_on_constructed_routing():
+    # B=1, T=3, H=2, k=2 over n=4 rows
+    r = torch.tensor([[[[0, 1], [2, 3]], [[0, 2], [2, 3]], [[0, 1], [3, 1]]]])
+    use, bal = metrics.usage(r, n=4)
+    want = torch.tensor([[3, 2, 1, 0], [0, 1, 2, 3]], dtype=torch.float64) / 3
+    assert torch.allclose(use, want)
+    assert torch.allclose(bal, torch.full((2, 1), 2 / 4, dtype=torch.float64))     # k/n
+    s = metrics.usage_summary(use)
+    assert s["unused_fraction"] == pytest.approx(2 / 8)
+    assert s["max_over_balanced"] == pytest.approx(((3 / 6) * 4 + (3 / 6) * 4) / 2)
+    one, bal1 = metrics.usage(torch.tensor([[0, 0, 1], [2, 0, 1]]))                # [B, T]: one choice each
+    assert torch.allclose(one, torch.tensor([3, 2, 1], dtype=torch.float64) / 6)
+    assert float(bal1) == pytest.approx(1 / 3)
+    soft = torch.tensor([[[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]])                       # weights [B=1, T=2, n=3]
+    use_s, _ = metrics.usage(soft)
+    assert torch.allclose(use_s, torch.tensor([0.75, 0.25, 0.0], dtype=torch.float64))
+    uniform = metrics.usage_summary(torch.full((4,), 0.25, dtype=torch.float64))
+    assert uniform["max_over_balanced"] == pytest.approx(1.0) and uniform["usage_entropy"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="routing"):
+        metrics.usage(torch.tensor([[[5]]]), n=4)
+
+
+# ---- clustering and embeddings ----------------------------------------------------------------
+
+def test_correlation_ratio_by_hand_and_pca_preserves_planar_distances():
+    pts = torch.tensor([[0.0], [2.0], [10.0], [12.0]])
+    assert metrics.correlation_ratio(pts, torch.tensor([0, 0, 1, 1])) == pytest.approx(100 / 104)
+    g = torch.Generator().manual_seed(7)
+    plane = torch.randn(50, 2, generator=g, dtype=torch.float64)
+    basis = _orthogonal(5, 8)[:2]
+    x = plane @ basis + 3.0
+    y = metrics.pca_2d(x)
+    def dist(z):
+        return (z[:, None] - z[None]).norm(dim=-1)
+    assert torch.allclose(dist(y), dist(plane), atol=1e-9)
+
+
+def test_tsne_separates_well_separated_clusters():
+    g = torch.Generator().manual_seed(9)
+    centres = 6.0 * torch.eye(8, dtype=torch.float64)[:3]
+    x = torch.cat([c + 0.2 * torch.randn(30, 8, generator=g, dtype=torch.float64) for c in centres])
+    labels = torch.arange(3).repeat_interleave(30)
+    y = metrics.tsne_2d(x, perplexity=20, iters=500)
+    d = torch.cdist(y, y).fill_diagonal_(float("inf"))
+    assert bool((labels[d.argmin(1)] == labels).all())
+    spread = max(float(y[labels == c].std(0).norm()) for c in range(3))
+    gaps = min(float((y[labels == a].mean(0) - y[labels == b].mean(0)).norm()) for a in range(3) for b in range(a))
+    assert gaps > 3 * spread
+
+
+def test_analyse_tolerates_missing_entries():
+    from sandbox.analysis.report import analyse
+    g = torch.Generator().manual_seed(0)
+    attention_like = {"keys": torch.randn(2, 8, 1, 4, generator=g), "values": torch.randn(2, 8, 1, 4, generator=g)}
+    soft = {"routing_memory": torch.rand(2, 8, 3, generator=g).softmax(-1)}
+    numbers, panels, notes = analyse([attention_like, soft], [0, 1])
+    assert "cluster_r2" in numbers[0] and "row_similarity" not in numbers[0]
+    assert any("layer 0" in n and "final_state" in n for n in notes)
+    assert any("layer 1" in n and "keys/values" in n for n in notes)
+    assert "routing_memory" in numbers[1]["usage"]
+    assert len(panels["usage"]) == 2        # argmax-key rows of layer 0 and the soft memory weights
+
+
+# ---- statistics ---------------------------------------------------------------------------------
+
+def _t_pdf(x: float, df: float) -> float:
+    c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    return math.exp(c - (df + 1) / 2 * math.log1p(x * x / df))
+
+
+def test_t_distribution_against_closed_forms_and_integration():
+    for t in (-3.0, -0.4, 0.0, 1.3, 7.0):
+        assert t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)        # Cauchy
+        assert t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-12)
+    # a non-integer df against Simpson's rule on the density
+    df, t, n = 5.3, 1.7, 4000
+    h = t / n
+    simpson = h / 3 * sum((1 if i in (0, n) else 4 if i % 2 else 2) * _t_pdf(i * h, df) for i in range(n + 1))
+    assert t_cdf(t, df) == pytest.approx(0.5 + simpson, abs=1e-10)
+    assert t_ppf(0.975, 4) == pytest.approx(2.776445, abs=1e-6)       # printed tables
+    assert t_ppf(0.975, 9) == pytest.approx(2.262157, abs=1e-6)
+    m, lo, hi = mean_ci([1, 2, 3, 4, 5])
+    assert (m, hi - m) == pytest.approx((3.0, 2.776445 * math.sqrt(2.5 / 5)), abs=1e-6)
+
+
+def test_welch_against_hand_computation():
+    a, b = [1, 2, 3, 4, 5], [2, 4, 6, 8, 10]
+    w = welch_test(a, b)
+    # means 3 and 6, variances 2.5 and 10: se = sqrt(0.5 + 2), df = 2.5^2 / (0.5^2/4 + 2^2/4) = 100/17
+    assert w.t == pytest.approx(-3 / math.sqrt(2.5), abs=1e-12)
+    assert w.df == pytest.approx(100 / 17, abs=1e-12)
+    assert w.p == pytest.approx(2 * t_cdf(-3 / math.sqrt(2.5), 100 / 17), abs=1e-14)
+    assert w.p == pytest.approx(0.1075312, abs=1e-6)     # R: t.test(a, b) -> p-value = 0.1075
+    assert (w.high - w.low) / 2 == pytest.approx(t_ppf(0.975, 100 / 17) * math.sqrt(2.5), abs=1e-9)
+    same = welch_test([0.5, 0.5], [0.5, 0.5])
+    assert same.p == 1.0 and same.diff == 0.0
+
+
+# ---- sweep plots ---------------------------------------------------------------------------------
+
+def _fake_sweep(root):
+    """result.json files: 2 mixers x 2 widths x 2 learning rates x 2 seeds."""
+    acc = {}
+    for mixer in ("gla", "gla_topk"):
+        for d in (16, 32):
+            for lr in (0.001, 0.003):
+                for seed in (0, 1):
+                    a = round(0.1 * (d // 16) + (0.3 if mixer == "gla_topk" else 0) + (0.05 if lr == 0.003 else 0)
+                              + 0.01 * seed, 6)
+                    acc[(mixer, d, lr, seed)] = a
+                    run = root / f"{mixer}-{d}-{lr}-{seed}"
+                    run.mkdir(parents=True)
+                    cfg = {"seed": seed, "name": None, "task": {"name": "mqar", "gap": 0},
+                           "model": {"mixer": mixer, "d_model": d}, "train": {"lr": lr}}
+                    (run / "result.json").write_text(json.dumps(
+                        {"status": "completed", "config": cfg, "best_accuracy": a, "final_accuracy": a - 0.01,
+                         "state_size": d * d, "params": 100 * d}))
+    return acc
+
+
+def test_plot_best_over_lr_then_mean_over_seeds(tmp_path):
+    from sandbox.analysis.plot_sweep import plot_sweep
+    from sandbox.cli import main
+    acc = _fake_sweep(tmp_path)
+    res = plot_sweep(tmp_path, x="model.d_model", hue="model.mixer", log=lambda *_: None)
+    assert res["tuned"] == ["train.lr"] and res["y"] == "test/accuracy"
+    for (mixer, d), s in res["points"].items():
+        best = [max(acc[(mixer, d, lr, seed)] for lr in (0.001, 0.003)) for seed in (0, 1)]
+        assert s["mean"] == pytest.approx(sum(best) / 2) and (s["min"], s["max"]) == pytest.approx((min(best), max(best)))
+        assert s["seeds"] == 2 and s["trials"] == 4
+    assert (tmp_path / "plots").is_dir() and list((tmp_path / "plots").glob("*.png"))
+    assert main(["plot", str(tmp_path), "--x", "model.d_model", "--heatmap", "model.mixer",
+                 "--out", str(tmp_path / "h.png")]) == 0
+    assert (tmp_path / "h.png").stat().st_size > 1000
+    assert main(["plot", str(tmp_path), "--x", "model.width"]) == 2          # one-line error
+
+
+# ---- smoke: a tiny trained run through the CLI ----------------------------------------------------
+
+TINY = {"task": {"name": "mqar", "seq_len": 32, "num_kv_pairs": 4, "vocab_size": 32, "test_examples": 64},
+        "model": {"mixer": "gla", "d_model": 16, "n_layers": 2, "n_heads": 2, "gla": {"topk": 2}},
+        "train": {"steps": 30, "batch_size": 32, "lr": 3e-3, "eval_every": 15, "eval_batch_size": 64,
+                  "device": "cpu", "early_stop": None}}
+
+
+def test_inspect_smoke_renders_every_picture(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from sandbox.cli import main
+    from sandbox.config import config_from_dict
+    from sandbox.train import train
+    run = tmp_path / "run"
+    train(config_from_dict(TINY), run, progress=False)
+    assert main(["inspect", str(run), "--batches", "2", "--batch-size", "16"]) == 0
+    names = ("clustering", "similarity", "entropy", "receptive_field", "usage")
+    for n in names:
+        png = run / "inspect" / f"{n}.png"
+        assert png.is_file() and png.stat().st_size < 150_000
+    md = (run / "inspect" / "inspect.md").read_text()
+    assert all(f"({n}.png)" in md for n in names)
+    summary = json.loads((run / "inspect" / "summary.json").read_text())
+    for layer in ("0", "1"):
+        n = summary["layers"][layer]
+        assert 0 <= n["row_similarity"] <= 1 and 0 <= n["sv_entropy"] <= 1
+        assert n["usage"]["routing"]["choices"] == 4                 # K = 16 * 0.5 / 2 rows per head
+    ea = EventAccumulator(str(run), size_guidance={"images": 0})
+    ea.Reload()
+    assert {f"inspect/{n}" for n in names} <= set(ea.Tags()["images"])
+    # one layer, t-SNE, another folder, no TensorBoard
+    out = tmp_path / "tsne"
+    assert main(["inspect", str(run), "--layer", "1", "--tsne", "--batches", "1", "--batch-size", "4",
+                 "--out", str(out), "--no-tensorboard"]) == 0
+    assert (out / "clustering.png").is_file() and list(json.loads((out / "summary.json").read_text())["layers"]) == ["1"]
+    assert main(["inspect", str(run), "--layer", "5"]) == 2
+    assert main(["inspect", str(tmp_path)]) == 2                       # not a run directory
+
+
+def test_compare_smoke_and_variant_syntax(tmp_path):
+    import yaml
+
+    from sandbox.analysis.compare import compare, variant_config
+    label, data = variant_config("gla+topk=4+balance_alpha=0.01", "mqar_noise", sets=["model.d_model=64"])
+    assert label == "gla+topk=4+balance_alpha=0.01"
+    assert data["model"]["mixer"] == "gla" and data["model"]["gla"] == {"topk": 4, "balance_alpha": 0.01}
+    assert data["task"]["noise"] > 0 and data["model"]["d_model"] == 64
+    base = dict(TINY, train=dict(TINY["train"], steps=4, eval_every=4))
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(base))
+    lines = []
+    res = compare("gla", "gla+topk=2", seeds=2, task=str(tmp_path / "tiny.yaml"), out=tmp_path / "cmp",
+                  log=lines.append)
+    a, b = (v["values"] for v in res["variants"])
+    assert len(a) == len(b) == 2
+    w = welch_test(b, a)
+    assert res["welch"]["p"] == pytest.approx(w.p) and res["welch"]["diff_b_minus_a"] == pytest.approx(w.diff)
+    assert any(l.startswith("B - A:") for l in lines)
+    again = compare("gla", "gla+topk=2", seeds=2, task=str(tmp_path / "tiny.yaml"), out=tmp_path / "cmp",
+                    log=lambda *_: None)                               # finished runs are reused
+    assert [v["values"] for v in again["variants"]] == [a, b]
+    assert again["wall_time_s"] < res["wall_time_s"]
