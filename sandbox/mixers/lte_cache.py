@@ -152,5 +152,8 @@ def evaluate_with_cache(model, task, batch_size: int = 64) -> dict:
     from contextlib import nullcontext
 
     from sandbox.train import evaluate
+    was_training = model.training
     with use_cache(model):
-        return evaluate(model, task, batch_size, nullcontext)
+        metrics = evaluate(model, task, batch_size, nullcontext)    # (evaluate ends in train mode)
+    model.train(was_training)
+    return metrics
