@@ -8,6 +8,7 @@ from sandbox.mixers import linear, gsa  # noqa: E402,F401
 from sandbox.mixers import swa  # noqa: E402,F401
 from sandbox.mixers import lte  # noqa: E402,F401
 from sandbox.mixers import block_sparse  # noqa: E402,F401
+from sandbox.mixers import sse, mom, sla  # noqa: E402,F401
 
 __all__ = ["Mixer", "MixerContext", "NoConfig", "build_mixer", "mixer_config_class",
            "mixer_names", "register"]
