@@ -63,6 +63,18 @@ def test_chunked_matches_recurrent(gate, decay, delta):
         torch.testing.assert_close(b, a, rtol=1e-8, atol=1e-9, msg=lambda m: f"grad {name}: {m}")
 
 
+@pytest.mark.parametrize("decay,delta", [("weak", False), ("strong", False), ("weak", True), ("strong", True)])
+def test_chunked_diagonal_sub_blocks_match_recurrent(decay, delta):
+    # chunk 32 splits into two 16-step sub-blocks (the off-diagonal block uses a matmul); T = 45
+    q, k, v, g, beta, S0 = make_inputs(1, 45, 2, 7, 3, "diagonal", decay, delta, seed=6)
+    (o1, s1, g1), (o2, s2, g2) = run_both(q, k, v, g, beta, S0, chunk_size=32)
+    torch.testing.assert_close(o2, o1, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(s2, s1, rtol=1e-9, atol=1e-10)
+    for a, b in zip(g1, g2):
+        if a is not None:
+            torch.testing.assert_close(b, a, rtol=1e-8, atol=1e-9)
+
+
 @pytest.mark.parametrize("gate,delta", [("scalar", False), ("diagonal", False), ("scalar", True), ("none", True)])
 def test_cu_seqlens_with_empty_segment(gate, delta):
     cu = torch.tensor([0, 7, 7, 18, 19], dtype=torch.int64)

@@ -25,10 +25,13 @@ import torch.nn.functional as F
 from sandbox.kernels.reference import accumulate_dtype, check_inputs
 
 
-def _decayed_scores(a, b, logdecay, strict: bool):
+def _decayed_scores(a, b, logdecay, strict: bool, sub: int = 16):
     """``[..., C, C]`` matrix ``sum_k a_t[k] b_s[k] exp(L_t[k] - L_s[k])`` on ``s <= t`` (``s < t`` if strict).
 
     a, b: ``[..., C, K]``; logdecay: None, ``[..., C]`` (scalar) or ``[..., C, K]`` (diagonal).
+    A diagonal decay is split into sub-blocks of ``sub`` steps: blocks on the diagonal are
+    computed pairwise; a block below it is a matmul of ``a_t exp(L_t - L_r)`` and
+    ``b_s exp(L_r - L_s)`` with ``r`` the step just before the row block (both factors <= 1).
     """
     C = a.shape[-2]
     mask = torch.ones(C, C, dtype=torch.bool, device=a.device).tril(-1 if strict else 0)
@@ -37,6 +40,24 @@ def _decayed_scores(a, b, logdecay, strict: bool):
     if logdecay.ndim == a.ndim - 1:  # scalar per step
         diff = logdecay[..., :, None] - logdecay[..., None, :]
         return (a @ b.transpose(-1, -2)) * diff.masked_fill(~mask, float("-inf")).exp()
+    if C <= sub or C % sub:
+        return _pairwise(a, b, logdecay, mask)
+    n, K = C // sub, a.shape[-1]
+    blocks = lambda x: x.reshape(*x.shape[:-2], n, sub, K)  # noqa: E731
+    ab, bb, Lb = blocks(a), blocks(b), blocks(logdecay)
+    diag = _pairwise(ab, bb, Lb, mask[:sub, :sub])  # [..., n, sub, sub]
+    eye = torch.eye(n, dtype=a.dtype, device=a.device)
+    out = torch.einsum("...isr,ij->...isjr", diag, eye).reshape(*a.shape[:-2], C, C)
+    ref = Lb[..., :-1, -1, :]  # [..., n-1, K]: step just before row blocks 1..n-1
+    a_ref = ab[..., 1:, :, :] * (Lb[..., 1:, :, :] - ref[..., :, None, :]).exp()  # [..., n-1, sub, K]
+    before = torch.arange(C, device=a.device)[None, :] < (torch.arange(1, n, device=a.device)[:, None] * sub)
+    expo = (ref[..., :, None, :] - logdecay[..., None, :, :]).masked_fill(~before[..., None], float("-inf"))
+    b_ref = b[..., None, :, :] * expo.exp()  # [..., n-1, C, K], zero on and after the row block
+    below = (a_ref @ b_ref.transpose(-1, -2)).reshape(*a.shape[:-2], C - sub, C)
+    return out + F.pad(below, (0, 0, sub, 0))
+
+
+def _pairwise(a, b, logdecay, mask):
     diff = logdecay[..., :, None, :] - logdecay[..., None, :, :]  # [..., C, C, K]
     weight = diff.masked_fill(~mask[..., None], float("-inf")).exp()
     return torch.einsum("...tk,...sk,...tsk->...ts", a, b, weight)

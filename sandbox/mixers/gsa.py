@@ -33,19 +33,22 @@ class GSAConfig(LinearConfig):
     gate_normalizer: float = 8.0
     output_norm: Norm = "rms"
 
+    def __post_init__(self):
+        super().__post_init__()
+        if self.num_slots < 1:
+            raise ValueError(f"num_slots: must be >= 1, got {self.num_slots}")
+        if self.transition != "diagonal" or not self.key_from_gate or self.normalize:
+            raise ValueError("transition: gsa needs transition 'diagonal', key_from_gate true, normalize false")
+
+    def state_rows(self, d_model: int, n_heads: int) -> int:
+        return self.num_slots
+
 
 @register("gsa", GSAConfig)
 class GSA(LinearMixer):
     def __init__(self, ctx: MixerContext, cfg: GSAConfig):
-        if cfg.num_slots < 1:
-            raise ValueError(f"num_slots must be >= 1, got {cfg.num_slots}")
-        if cfg.transition != "diagonal" or not cfg.key_from_gate or cfg.normalize:
-            raise ValueError("gsa needs transition 'diagonal', key_from_gate true and normalize false")
         super().__init__(ctx, cfg)
         self.k1_proj = nn.Linear(ctx.d_model, self.H * self.QK, bias=False)
-
-    def state_rows(self) -> int:
-        return self.cfg.num_slots
 
     def qk_dim(self) -> int:
         return max(1, round(self.ctx.d_model * self.cfg.expand_k / self.ctx.n_heads))

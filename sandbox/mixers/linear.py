@@ -57,10 +57,40 @@ class LinearConfig:
     balance_alpha: float = 0.0  # SSE balance loss coefficient (needs topk)
     impl: Impl = "auto"
 
+    def __post_init__(self):
+        """Errors read ``field: reason`` (the config loader turns them into ``model.<mixer>.field``)."""
+        for fld, choices in (("feature_map", FEATURE_MAPS), ("transition", TRANSITIONS),
+                             ("gate_fn", ("logsigmoid", "softplus")), ("output_norm", ("none", "rms", "layer")),
+                             ("impl", IMPLS)):
+            if getattr(self, fld) not in choices:
+                raise ValueError(f"{fld}: must be one of {', '.join(choices)}; got {getattr(self, fld)!r}")
+        for fld in ("expand_k", "expand_v", "gate_normalizer"):
+            if not getattr(self, fld) > 0:
+                raise ValueError(f"{fld}: must be > 0, got {getattr(self, fld)}")
+        if self.key_from_gate and self.transition != "diagonal":
+            raise ValueError(f"key_from_gate: needs transition 'diagonal', got {self.transition!r}")
+        if self.gate_rank is not None and self.gate_rank < 1:
+            raise ValueError(f"gate_rank: must be >= 1 or null, got {self.gate_rank}")
+        if not 0.0 <= self.gate_lower_bound < 1.0:
+            raise ValueError(f"gate_lower_bound: must be in [0, 1), got {self.gate_lower_bound}")
+        if self.conv_size < 0:
+            raise ValueError(f"conv_size: must be >= 0, got {self.conv_size}")
+        if self.topk is not None and self.topk < 1:
+            raise ValueError(f"topk: must be >= 1 or null, got {self.topk}")
+        if self.balance_alpha < 0 or (self.balance_alpha > 0 and self.topk is None):
+            raise ValueError(f"balance_alpha: must be >= 0 and needs topk, got {self.balance_alpha} with topk={self.topk}")
+        if self.normalize and self.transition in ("delta", "gated_delta"):
+            raise ValueError("normalize: not defined for the delta rule (transition delta/gated_delta)")
 
-def _check_choice(field: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"{field} must be one of {tuple(choices)}, got {value!r}")
+    def state_rows(self, d_model: int, n_heads: int) -> int:
+        """K: rows of the state per head (the dimension that keys, gates and top-k act on)."""
+        return max(1, round(d_model * self.expand_k / n_heads))
+
+    def check_model(self, model) -> None:
+        """Combinations with the model shape (called by the config loader)."""
+        rows = self.state_rows(model.d_model, model.n_heads)
+        if self.topk is not None and self.topk > rows:
+            raise ValueError(f"topk: must be <= {rows}, the state rows per head; got {self.topk}")
 
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -75,14 +105,14 @@ class LinearMixer(Mixer):
 
     def __init__(self, ctx: MixerContext, cfg: LinearConfig):
         super().__init__(ctx, cfg)
-        self.validate(cfg)
+        cfg.__post_init__()  # re-check: fields may have been set after construction
         d, H = ctx.d_model, ctx.n_heads
         self.H = H
         self.K = self.state_rows()
         self.V = max(1, round(d * cfg.expand_v / H))
         self.QK = self.qk_dim()
         if cfg.topk is not None and not 1 <= cfg.topk <= self.K:
-            raise ValueError(f"topk must be in [1, {self.K}] (state rows per head), got {cfg.topk}")
+            raise ValueError(f"topk: must be in [1, {self.K}], the state rows per head; got {cfg.topk}")
         self.scale = cfg.scale if cfg.scale is not None else self.QK ** -0.5
         self.q_proj = nn.Linear(d, H * self.QK, bias=False)
         self.k_proj = None if cfg.key_from_gate else nn.Linear(d, H * self.K, bias=False)
@@ -114,33 +144,8 @@ class LinearMixer(Mixer):
         self._aux = None
 
     # -- configuration ---------------------------------------------------------------------
-    @staticmethod
-    def validate(cfg: LinearConfig) -> None:
-        _check_choice("feature_map", cfg.feature_map, FEATURE_MAPS)
-        _check_choice("transition", cfg.transition, TRANSITIONS)
-        _check_choice("gate_fn", cfg.gate_fn, ("logsigmoid", "softplus"))
-        _check_choice("output_norm", cfg.output_norm, ("none", "rms", "layer"))
-        _check_choice("impl", cfg.impl, IMPLS)
-        if cfg.expand_k <= 0 or cfg.expand_v <= 0:
-            raise ValueError(f"expand_k and expand_v must be > 0, got {cfg.expand_k}, {cfg.expand_v}")
-        if cfg.key_from_gate and cfg.transition != "diagonal":
-            raise ValueError(f"key_from_gate needs transition 'diagonal', got {cfg.transition!r}")
-        if cfg.gate_rank is not None and cfg.gate_rank < 1:
-            raise ValueError(f"gate_rank must be >= 1 or null, got {cfg.gate_rank}")
-        if not 0.0 <= cfg.gate_lower_bound < 1.0:
-            raise ValueError(f"gate_lower_bound must be in [0, 1), got {cfg.gate_lower_bound}")
-        if cfg.gate_normalizer <= 0:
-            raise ValueError(f"gate_normalizer must be > 0, got {cfg.gate_normalizer}")
-        if cfg.conv_size < 0:
-            raise ValueError(f"conv_size must be >= 0, got {cfg.conv_size}")
-        if cfg.balance_alpha < 0 or (cfg.balance_alpha > 0 and cfg.topk is None):
-            raise ValueError(f"balance_alpha must be >= 0 and needs topk, got {cfg.balance_alpha} with topk={cfg.topk}")
-        if cfg.normalize and cfg.transition in ("delta", "gated_delta"):
-            raise ValueError("normalize is not defined for the delta rule (transition delta/gated_delta)")
-
     def state_rows(self) -> int:
-        """K: rows of the state per head (the dimension keys, gates and top-k act on)."""
-        return max(1, round(self.ctx.d_model * self.cfg.expand_k / self.ctx.n_heads))
+        return self.cfg.state_rows(self.ctx.d_model, self.ctx.n_heads)
 
     def qk_dim(self) -> int:
         """Width of each query (equal to K except for GSA)."""
