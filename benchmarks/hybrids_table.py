@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from sandbox.config import load_config  # noqa: E402
 from sandbox.mixers.lte import LearnableTokenEviction  # noqa: E402
 from sandbox.mixers.lte_cache import evaluate_with_cache, use_cache  # noqa: E402
-from sandbox.train import build, resolve_device, train  # noqa: E402
+from sandbox.train import TrainingDiverged, build, resolve_device, train  # noqa: E402
 
 FINISHED = ("completed", "early_stopped")
 
@@ -75,7 +75,10 @@ def run_one(path: Path, out_root: Path, overrides, args) -> dict:
         if args.no_train:
             return {"name": name, "error": "no finished run (and --no-train)"}
         print(f"== training {name} -> {run_dir}", flush=True)
-        train(cfg, run_dir, progress=args.progress)
+        try:
+            train(cfg, run_dir, progress=args.progress)
+        except (TrainingDiverged, RuntimeError) as e:          # diverged or out of memory: next row
+            return {"name": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
     res = json.loads(result_path.read_text())
     sps = res.get("steps_per_sec")
     row = {"name": name, "mixers": "+".join(cfg.model.layer_mixers()), "acc": res["final_accuracy"],
