@@ -1,0 +1,69 @@
+"""One training run: it learns, resumes to the same weights, logs to TensorBoard, reports NaN."""
+import json
+
+import pytest
+import torch
+
+from sandbox.config import load_config
+from sandbox.train import StopTraining, TrainingDiverged, train
+
+TINY = {"task": {"name": "mqar", "seq_len": 16, "num_kv_pairs": 2, "vocab_size": 16, "test_examples": 64},
+        "model": {"mixer": "attention", "d_model": 16, "n_layers": 2, "positions": "learned"},
+        "train": {"steps": 40, "batch_size": 16, "lr": 3e-3, "eval_every": 20, "log_every": 10,
+                  "eval_batch_size": 64, "early_stop": None}}
+
+
+def test_interrupted_run_resumes_to_identical_weights(tmp_path):
+    cfg = load_config(data=TINY)
+    straight = train(cfg, tmp_path / "a", progress=False)
+
+    def stop_at_20(step, metrics):
+        if step == 20:
+            raise StopTraining("pretend the machine went away")
+
+    first = train(cfg, tmp_path / "b", progress=False, on_eval=stop_at_20)
+    assert first["status"] == "stopped" and first["steps"] == 20
+    resumed = train(cfg, tmp_path / "b", progress=False)
+    assert resumed["status"] == "completed" and resumed["steps"] == 40
+    a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["model"]
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert resumed["final_accuracy"] == straight["final_accuracy"]
+
+
+def test_result_json_and_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    res = train(load_config(data=TINY), tmp_path, progress=False)
+    saved = json.loads((tmp_path / "result.json").read_text())
+    for key in ("config", "final_accuracy", "best_accuracy", "steps", "wall_time_s", "params", "state_size"):
+        assert key in saved
+    assert saved["params"] == res["params"] > 0
+    assert saved["state_size"] == 2 * 2 * 16 * 16          # 2 attention layers, KV cache 2*T*d
+    assert saved["config"]["model"]["d_model"] == 16
+    acc = EventAccumulator(str(tmp_path))                     # events in the run's own folder
+    acc.Reload()
+    assert {"train/loss", "test/accuracy"} <= set(acc.Tags()["scalars"])
+    assert [e.value for e in acc.Scalars("test/accuracy")][-1] == pytest.approx(res["final_accuracy"])
+    assert "hparams" in acc.PluginTagToContent("hparams") or acc.PluginTagToContent("hparams")
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()], "hparams must not create a sub-run"
+
+
+def test_nan_loss_is_reported_and_recorded(tmp_path):
+    cfg = load_config(data=TINY, overrides=["train.lr=1e30", "train.grad_clip=0", "train.warmup_frac=0"])
+    with pytest.raises(TrainingDiverged, match="step"):
+        train(cfg, tmp_path, progress=False)
+    saved = json.loads((tmp_path / "result.json").read_text())
+    assert saved["status"] == "diverged" and "loss became" in saved["error"]
+
+
+def test_quickstart_solves_mqar(tmp_path, capsys):
+    """The packaged quickstart (2-layer attention, small MQAR) reaches 99% test accuracy on CPU."""
+    from sandbox.cli import main
+
+    assert main(["train", "--out", str(tmp_path), "--no-progress"]) == 0
+    res = json.loads((tmp_path / "result.json").read_text())
+    assert res["best_accuracy"] >= 0.99, res["best_accuracy"]
+    assert res["status"] == "early_stopped"
+    assert "test accuracy" in capsys.readouterr().out
