@@ -22,12 +22,33 @@ def linear_recurrence(q, k, v, g=None, beta=None, *, scale=1.0, initial_state=No
     kwargs = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                   cu_seqlens=cu_seqlens)
     if impl == "auto":
-        impl = "torch"  # the Triton branch is added with the Triton kernels
+        impl = "triton" if _triton_covers(q, g, beta) else "torch"
     if impl == "naive":
         return recurrent_reference(q, k, v, g, beta, **kwargs)
     if impl == "torch":
         return chunk_reference(q, k, v, g, beta, **kwargs)
-    raise NotImplementedError("impl='triton': the Triton kernels are not available yet; use impl='torch' or 'auto'")
+    return _triton(q, k, v, g, beta, **kwargs)
+
+
+def _triton_covers(q, g, beta) -> bool:
+    """Whether the Triton kernels handle this case (CUDA, 16/32-bit floats; delta rule: scalar gate, K <= 256)."""
+    import torch
+
+    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return beta is None or ((g is None or g.dim() == 3) and q.shape[-1] <= 256)
+
+
+def _triton(q, k, v, g, beta, **kwargs):
+    if beta is None:
+        from sandbox.kernels.triton_chunk import chunk_gla
+        return chunk_gla(q, k, v, g, **kwargs)
+    from sandbox.kernels.triton_delta import chunk_delta_rule
+    return chunk_delta_rule(q, k, v, beta, g, **kwargs)
 
 
 __all__ = ["linear_recurrence", "recurrent_reference", "chunk_reference", "IMPLS"]

@@ -62,7 +62,7 @@ def _seq_bounds(i_n, cu, T, IS_VARLEN: tl.constexpr):
 
 @triton.jit
 def _fwd_intra(q, k, g, A, cidx, T, scale,
-               H: tl.constexpr, K: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+               H, K: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
                BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
     i_cb, i_h = tl.program_id(0), tl.program_id(1)
     NB: tl.constexpr = BT // BC
@@ -79,6 +79,8 @@ def _fwd_intra(q, k, g, A, cidx, T, scale,
         m_c = cols < t1
         bs = i_b * BC  # block start, chunk-local
         acc = tl.zeros([BC, BT], dtype=tl.float32)
+        if GATE == 2:
+            accd = tl.zeros([BC, BC], dtype=tl.float32)
         if GATE == 1:
             g_c = tl.load(g + cols * H + i_h, mask=m_c, other=0.).to(tl.float32)
             gc_c = tl.cumsum(g_c, axis=0)
@@ -105,28 +107,31 @@ def _fwd_intra(q, k, g, A, cidx, T, scale,
                 ek = tl.exp(tl.where((o_c < bs)[:, None], ref[None, :] - gc_c, float("-inf")))
                 kg = (b_k.to(tl.float32) * ek).to(b_k.dtype)
                 acc += tl.dot(qg, tl.trans(kg))
-                # diagonal sub-block, exact column by column
+                # diagonal sub-block, exactly: e3[i, j, k] = exp(gc_ik - gc_jk) for j <= i
                 b_kr = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :],
                                mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-                b_qf = b_q.to(tl.float32)
-                for j in range(0, BC):
-                    sel = (o_r == j)[:, None]
-                    k_j = tl.sum(tl.where(sel, b_kr, 0.), axis=0)
-                    g_j = tl.sum(tl.where(sel, gc_r, 0.), axis=0)
-                    e = tl.where((o_r >= j)[:, None], tl.exp(gc_r - g_j[None, :]), 0.)
-                    col = tl.sum(b_qf * k_j[None, :] * e, axis=1)
-                    acc += tl.where((o_c == bs + j)[None, :], col[:, None], 0.)
+                e3 = tl.exp(tl.where((o_r[:, None] >= o_r[None, :])[:, :, None],
+                                     gc_r[:, None, :] - gc_r[None, :, :], float("-inf")))
+                accd += tl.sum(b_q.to(tl.float32)[:, None, :] * b_kr[None, :, :] * e3, axis=2)
             else:
                 acc += tl.dot(b_q, tl.trans(b_k))
         m_A = (o_c[None, :] <= (bs + o_r)[:, None]) & m_c[None, :]
         if GATE == 1:
             acc = acc * tl.exp(tl.where(m_A, gc_r[:, None] - gc_c[None, :], float("-inf")))
         acc = tl.where(m_A, acc * scale, 0.)
-        tl.store(A + (rows[:, None] * H + i_h) * BT + o_c[None, :], acc, mask=m_r[:, None])
+        if GATE == 2:
+            # the diagonal block's columns are written from accd
+            m_off = (o_c < bs) | (o_c >= bs + BC)
+            tl.store(A + (rows[:, None] * H + i_h) * BT + o_c[None, :], acc, mask=m_r[:, None] & m_off[None, :])
+            m_d = (o_r[None, :] <= o_r[:, None]) & m_r[None, :]
+            tl.store(A + (rows[:, None] * H + i_h) * BT + bs + o_r[None, :], tl.where(m_d, accd * scale, 0.),
+                     mask=m_r[:, None])
+        else:
+            tl.store(A + (rows[:, None] * H + i_h) * BT + o_c[None, :], acc, mask=m_r[:, None])
 
 
 @triton.jit
-def _load_gate(g, rows, m, i_h, o_k, m_k, H: tl.constexpr, K: tl.constexpr, GATE: tl.constexpr):
+def _load_gate(g, rows, m, i_h, o_k, m_k, H, K: tl.constexpr, GATE: tl.constexpr):
     """Chunk-local cumulative log-decay: a [BT, BK] (diagonal) or [BT, 1] (scalar) tile, and its last row."""
     if GATE == 2:
         b_g = tl.load(g + (rows[:, None] * H + i_h) * K + o_k[None, :],
@@ -140,7 +145,7 @@ def _load_gate(g, rows, m, i_h, o_k, m_k, H: tl.constexpr, K: tl.constexpr, GATE
 
 @triton.jit
 def _fwd_seq(q, k, v, g, A, o, h0, ht, cu, T, TT, scale,
-             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr,
+             H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr,
              IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
              BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     i_v, i_k, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -187,7 +192,7 @@ def _fwd_seq(q, k, v, g, A, o, h0, ht, cu, T, TT, scale,
 
 @triton.jit
 def _bwd_intra(q, k, v, g, A, do, dq, dk, dv, cidx, T, scale,
-               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+               H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
                BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     i_cb, i_h = tl.program_id(0), tl.program_id(1)
     NB: tl.constexpr = BT // BC
@@ -208,6 +213,7 @@ def _bwd_intra(q, k, v, g, A, do, dq, dk, dv, cidx, T, scale,
         dA_r = tl.zeros([BC, BT], dtype=tl.float32)
         if GATE == 2:
             dA_c = tl.zeros([BT, BC], dtype=tl.float32)
+            dAd = tl.zeros([BC, BC], dtype=tl.float32)
         b_Ac = tl.load(A + (cols[:, None] * H + i_h) * BT + bs + o_r[None, :], mask=m_c[:, None], other=0.)
         for i_v in range(0, tl.cdiv(V, BV)):
             o_v = i_v * BV + tl.arange(0, BV)
@@ -219,6 +225,7 @@ def _bwd_intra(q, k, v, g, A, do, dq, dk, dv, cidx, T, scale,
             if GATE == 2:
                 b_vr = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.)
                 dA_c += tl.dot(b_doc, tl.trans(b_vr))
+                dAd += tl.dot(b_dor, tl.trans(b_vr))
             b_dv = tl.dot(tl.trans(b_Ac.to(b_doc.dtype)), b_doc)
             tl.store(dv + (rows[:, None] * H + i_h) * V + o_v[None, :], b_dv, mask=m_r[:, None] & m_v[None, :])
         m_A = (o_c[None, :] <= (bs + o_r)[:, None]) & m_c[None, :]
@@ -226,6 +233,7 @@ def _bwd_intra(q, k, v, g, A, do, dq, dk, dv, cidx, T, scale,
         if GATE == 2:
             m_Ac = (o_c[:, None] >= (bs + o_r)[None, :]) & m_c[:, None]
             dA_c = tl.where(m_Ac, dA_c * scale, 0.)
+            dAd = tl.where((o_r[None, :] <= o_r[:, None]) & m_r[None, :], dAd * scale, 0.)
         if GATE == 1:
             g_c = tl.load(g + cols * H + i_h, mask=m_c, other=0.).to(tl.float32)
             gc_c = tl.cumsum(g_c, axis=0)
@@ -257,18 +265,12 @@ def _bwd_intra(q, k, v, g, A, do, dq, dk, dv, cidx, T, scale,
                 qg = (b_qc.to(tl.float32) * tl.exp(tl.where((o_c > be)[:, None], gc_c - ref2[None, :], float("-inf"))))
                 b_dk = tl.dot(tl.trans(tl.where((o_c > be)[:, None], dA_c, 0.).to(b_qc.dtype)), qg.to(b_qc.dtype))
                 b_dk = b_dk * tl.exp(ref2[None, :] - gc_r)
-                # the diagonal sub-block, exactly
-                for j in range(0, BC):
-                    sel = (o_r == j)[:, None]
-                    k_j = tl.sum(tl.where(sel, b_kr, 0.), axis=0)
-                    q_j = tl.sum(tl.where(sel, b_qr, 0.), axis=0)
-                    g_j = tl.sum(tl.where(sel, gc_r, 0.), axis=0)
-                    a_col = tl.sum(tl.where((o_c == bs + j)[None, :], dA_r, 0.), axis=1)   # dA[i, j], i in block
-                    a_row = tl.sum(tl.where((o_c == bs + j)[:, None], dA_c, 0.), axis=0)   # dA[j, i], i in block
-                    e_q = tl.where((o_r >= j)[:, None], tl.exp(gc_r - g_j[None, :]), 0.)
-                    b_dq += a_col[:, None] * k_j[None, :] * e_q
-                    e_k = tl.where((o_r <= j)[:, None], tl.exp(g_j[None, :] - gc_r), 0.)
-                    b_dk += a_row[:, None] * q_j[None, :] * e_k
+                # the diagonal sub-block, exactly: e3[i, j, k] = exp(gc_ik - gc_jk) for j <= i
+                e3 = tl.exp(tl.where((o_r[:, None] >= o_r[None, :])[:, :, None],
+                                     gc_r[:, None, :] - gc_r[None, :, :], float("-inf")))
+                w3 = dAd[:, :, None] * e3
+                b_dq += tl.sum(w3 * b_kr[None, :, :], axis=1)
+                b_dk += tl.sum(w3 * b_qr[:, None, :], axis=0)
             else:
                 b_dq = tl.dot(dA_r.to(b_kc.dtype), b_kc)
                 b_dk = tl.dot(tl.trans(dA_r.to(b_qc.dtype)), b_qc)
@@ -278,7 +280,7 @@ def _bwd_intra(q, k, v, g, A, do, dq, dk, dv, cidx, T, scale,
 
 @triton.jit
 def _bwd_seq(q, k, v, g, do, dq_i, dk_i, dv_i, dqp, dkp, dvp, h0, dht, dh0, cu, T, TT, scale,
-             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+             H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
              HAS_H0: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
              BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr):
     i_kv, i_nh, i_d = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -319,7 +321,7 @@ def _bwd_seq(q, k, v, g, do, dq_i, dk_i, dv_i, dqp, dkp, dvp, h0, dht, dh0, cu, 
                 kg = b_k
             if i_v == 0:
                 b_dq += tl.load(dq_i + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.)
-            tl.store(dq_base + (rows[:, None] * H + i_h) * K + o_k[None, :], b_dq, mask=m_tk)
+            tl.store(dq_base + (rows[:, None] * H + i_h) * K + o_k[None, :], b_dq.to(dqp.dtype.element_ty), mask=m_tk)
             S += tl.dot(tl.trans(kg), b_v)
     else:
         # reverse sweep over dS: dk, dv and d(initial state)
@@ -358,18 +360,18 @@ def _bwd_seq(q, k, v, g, do, dq_i, dk_i, dv_i, dqp, dkp, dvp, h0, dht, dh0, cu, 
                 b_dv += tl.load(dv_i + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)
             if i_v == 0:
                 b_dk += tl.load(dk_i + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.)
-            tl.store(dv_base + (rows[:, None] * H + i_h) * V + o_v[None, :], b_dv, mask=m_tv)
-            tl.store(dk_base + (rows[:, None] * H + i_h) * K + o_k[None, :], b_dk, mask=m_tk)
+            tl.store(dv_base + (rows[:, None] * H + i_h) * V + o_v[None, :], b_dv.to(dvp.dtype.element_ty), mask=m_tv)
+            tl.store(dk_base + (rows[:, None] * H + i_h) * K + o_k[None, :], b_dk.to(dkp.dtype.element_ty), mask=m_tk)
             dS += tl.dot(tl.trans(qg), b_do) * scale
         if STORE_DH0:
             tl.store(dh0 + p_h, dS, mask=m_h)
 
 
 @triton.jit
-def _bwd_dg(q, k, dq, dk, dgt, dg, cu, T,
-            H: tl.constexpr, K: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+def _bwd_dg(q, k, dq, dk, dgt, dg, dq_out, dk_out, cu, T,
+            H, K: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
             HAS_DGT: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
-    """dg_t = sum_{s >= t} (q_s*dq_s - k_s*dk_s)  (+ rowsum(S_T * dS_T)), per segment."""
+    """dg_t = sum_{s >= t} (q_s*dq_s - k_s*dk_s)  (+ rowsum(S_T * dS_T)), per segment; also writes dq, dk cast."""
     i_k, i_nh = tl.program_id(0), tl.program_id(1)
     i_n = i_nh // H
     i_h = i_nh % H
@@ -387,8 +389,11 @@ def _bwd_dg(q, k, dq, dk, dgt, dg, cu, T,
             rows = bos + (nc - 1 - i) * BT + o_t
             m = (rows < eos)[:, None] & m_k[None, :]
             p = (rows[:, None] * H + i_h) * K + o_k[None, :]
-            d = (tl.load(q + p, mask=m, other=0.).to(tl.float32) * tl.load(dq + p, mask=m, other=0.)
-                 - tl.load(k + p, mask=m, other=0.).to(tl.float32) * tl.load(dk + p, mask=m, other=0.))
+            b_dq = tl.load(dq + p, mask=m, other=0.)
+            b_dk = tl.load(dk + p, mask=m, other=0.)
+            tl.store(dq_out + p, b_dq.to(dq_out.dtype.element_ty), mask=m)
+            tl.store(dk_out + p, b_dk.to(dk_out.dtype.element_ty), mask=m)
+            d = tl.load(q + p, mask=m, other=0.).to(tl.float32) * b_dq - tl.load(k + p, mask=m, other=0.).to(tl.float32) * b_dk
             tot = tl.sum(d, axis=0)
             b_dg = tot[None, :] - tl.cumsum(d, axis=0) + d + carry[None, :]
             tl.store(dg + p, b_dg.to(dg.dtype.element_ty), mask=m)
@@ -405,9 +410,12 @@ def _bwd_dg(q, k, dq, dk, dgt, dg, cu, T,
                 o_k = i_kk * BK + tl.arange(0, BK)
                 m = m_t[:, None] & (o_k < K)[None, :]
                 p = (rows[:, None] * H + i_h) * K + o_k[None, :]
-                d += tl.sum(tl.load(q + p, mask=m, other=0.).to(tl.float32) * tl.load(dq + p, mask=m, other=0.)
-                            - tl.load(k + p, mask=m, other=0.).to(tl.float32) * tl.load(dk + p, mask=m, other=0.),
-                            axis=1)
+                b_dq = tl.load(dq + p, mask=m, other=0.)
+                b_dk = tl.load(dk + p, mask=m, other=0.)
+                tl.store(dq_out + p, b_dq.to(dq_out.dtype.element_ty), mask=m)
+                tl.store(dk_out + p, b_dk.to(dk_out.dtype.element_ty), mask=m)
+                d += tl.sum(tl.load(q + p, mask=m, other=0.).to(tl.float32) * b_dq
+                            - tl.load(k + p, mask=m, other=0.).to(tl.float32) * b_dk, axis=1)
             tot = tl.sum(d, axis=0)
             b_dg = tot - tl.cumsum(d, axis=0) + d + carry
             tl.store(dg + rows * H + i_h, b_dg.to(dg.dtype.element_ty), mask=m_t)
@@ -455,25 +463,35 @@ def _geometry(q, v, cu_seqlens):
     return B, T, H, K, V, N, varlen, cidx, NC, cu
 
 
+def _intra_cfg(gate: int, K: int, V: int):
+    """(rows per program, K tile, V tile, warps) of the intra-chunk kernels."""
+    if gate == 2:
+        return BC, max(16, min(32, _p2(K))), max(16, min(64, _p2(V))), 8
+    return BT, max(16, min(64, _p2(K))), max(16, min(64, _p2(V))), 4
+
+
+def _seq_cfg(K: int, V: int):
+    sb = _seq_block()
+    bk, bv = max(16, min(sb, _p2(K))), max(16, min(sb, _p2(V)))
+    return bk, bv, triton.cdiv(K, bk), triton.cdiv(V, bv), 8
+
+
 def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
     B, T, H, K, V, N, varlen, cidx, NC, cu = _geometry(q, v, cu_seqlens)
     gate = _gate_kind(g)
     TT = B * T
     gp = g if g is not None else q
     A = torch.empty(TT, H, BT, device=q.device, dtype=torch.float32)
-    bc = BC if gate == 2 else BT
-    bki = max(16, min(64, _p2(K)))
-    _fwd_intra[(NC * (BT // bc), H)](q, k, gp, A, cidx, T, scale, H=H, K=K, GATE=gate, IS_VARLEN=varlen,
-                                      BT=BT, BC=bc, BK=bki, num_warps=4)
-    sb = _seq_block()
-    bk, bv = max(16, min(sb, _p2(K))), max(16, min(sb, _p2(V)))
-    NK, NV = triton.cdiv(K, bk), triton.cdiv(V, bv)
+    bc, bki, _, nwi = _intra_cfg(gate, K, V)
+    _fwd_intra[(NC * (BT // bc), H)](q, k, gp, A, cidx, T, scale, H, K=K, GATE=gate, IS_VARLEN=varlen,
+                                      BT=BT, BC=bc, BK=bki, num_warps=nwi)
+    bk, bv, NK, NV, nws = _seq_cfg(K, V)
     o = torch.empty(NK, TT, H, V, device=q.device, dtype=q.dtype if NK == 1 else torch.float32)
     ht = torch.empty(N, H, K, V, device=q.device, dtype=torch.float32) if output_final_state else None
     _fwd_seq[(NV, NK, N * H)](q, k, v, gp, A, o, h0 if h0 is not None else q, ht if ht is not None else q,
-                              cu, T, TT, scale, H=H, K=K, V=V, GATE=gate, IS_VARLEN=varlen,
+                              cu, T, TT, scale, H, K=K, V=V, GATE=gate, IS_VARLEN=varlen,
                               HAS_H0=h0 is not None, STORE_HT=output_final_state, BT=BT, BK=bk, BV=bv,
-                              num_warps=4)
+                              num_warps=nws)
     o = o[0] if NK == 1 else o.sum(0).to(q.dtype)
     return o.view(B, T, H, V), ht, A
 
@@ -488,25 +506,24 @@ def _bwd(q, k, v, g, scale, h0, A, ht, do, dht, cu_seqlens, need_dh0):
     dq_i = torch.empty(TT, H, K, device=dev, dtype=f32)
     dk_i = torch.empty(TT, H, K, device=dev, dtype=f32)
     dv_i = torch.empty(TT, H, V, device=dev, dtype=f32)
-    bc = BC if gate == 2 else BT
-    bki, bvi = max(16, min(64, _p2(K))), max(16, min(64, _p2(V)))
-    _bwd_intra[(NC * (BT // bc), H)](q, k, v, gp, A, do, dq_i, dk_i, dv_i, cidx, T, scale, H=H, K=K, V=V,
-                                      GATE=gate, IS_VARLEN=varlen, BT=BT, BC=bc, BK=bki, BV=bvi, num_warps=4)
-    sb = _seq_block()
-    bk, bv = max(16, min(sb, _p2(K))), max(16, min(sb, _p2(V)))
-    NK, NV = triton.cdiv(K, bk), triton.cdiv(V, bv)
-    dqp = torch.empty(NV, TT, H, K, device=dev, dtype=f32)
-    dkp = torch.empty(NV, TT, H, K, device=dev, dtype=f32)
-    dvp = torch.empty(NK, TT, H, V, device=dev, dtype=f32)
+    bc, bki, bvi, nwi = _intra_cfg(gate, K, V)
+    _bwd_intra[(NC * (BT // bc), H)](q, k, v, gp, A, do, dq_i, dk_i, dv_i, cidx, T, scale, H, K=K, V=V,
+                                      GATE=gate, IS_VARLEN=varlen, BT=BT, BC=bc, BK=bki, BV=bvi, num_warps=nwi)
+    bk, bv, NK, NV, nws = _seq_cfg(K, V)
+    # single tiles write the final dtype directly (dq, dk stay fp32 when dg needs them)
+    qk_t = q.dtype if (NV == 1 and gate == 0) else f32
+    dqp = torch.empty(NV, TT, H, K, device=dev, dtype=qk_t)
+    dkp = torch.empty(NV, TT, H, K, device=dev, dtype=qk_t)
+    dvp = torch.empty(NK, TT, H, V, device=dev, dtype=v.dtype if NK == 1 else f32)
     dh0 = torch.empty(N, H, K, V, device=dev, dtype=f32) if need_dh0 else None
     _bwd_seq[(NK * NV, N * H, 2)](q, k, v, gp, do, dq_i, dk_i, dv_i, dqp, dkp, dvp,
                                    h0 if h0 is not None else q, dht if dht is not None else q,
-                                   dh0 if dh0 is not None else q, cu, T, TT, scale, H=H, K=K, V=V, GATE=gate,
+                                   dh0 if dh0 is not None else q, cu, T, TT, scale, H, K=K, V=V, GATE=gate,
                                    IS_VARLEN=varlen, HAS_H0=h0 is not None, HAS_DHT=dht is not None,
-                                   STORE_DH0=need_dh0, BT=BT, BK=bk, BV=bv, NV=NV, num_warps=4)
+                                   STORE_DH0=need_dh0, BT=BT, BK=bk, BV=bv, NV=NV, num_warps=nws)
     dq = dqp[0] if NV == 1 else dqp.sum(0)
     dk = dkp[0] if NV == 1 else dkp.sum(0)
-    dv = dvp[0] if NK == 1 else dvp.sum(0)
+    dv = dvp[0] if NK == 1 else dvp.sum(0).to(v.dtype)
     dg = None
     if gate:
         dgt = None
@@ -516,12 +533,14 @@ def _bwd(q, k, v, g, scale, h0, A, ht, do, dht, cu_seqlens, need_dh0):
                 dgt = dgt.sum(-1)
             dgt = dgt.contiguous()
         dg = torch.empty_like(g)
+        dq_out = torch.empty(TT, H, K, device=dev, dtype=q.dtype)
+        dk_out = torch.empty(TT, H, K, device=dev, dtype=k.dtype)
         bkd = max(16, min(64, _p2(K)))
         _bwd_dg[(triton.cdiv(K, bkd) if gate == 2 else 1, N * H)](
-            q, k, dq, dk, dgt if dgt is not None else q, dg, cu, T, H=H, K=K, GATE=gate, IS_VARLEN=varlen,
-            HAS_DGT=dgt is not None, BT=BT, BK=bkd, num_warps=4)
-    return (dq.view(B, T, H, K).to(q.dtype), dk.view(B, T, H, K).to(k.dtype), dv.view(B, T, H, V).to(v.dtype),
-            dg, dh0)
+            q, k, dq, dk, dgt if dgt is not None else q, dg, dq_out, dk_out, cu, T, H, K=K, GATE=gate,
+            IS_VARLEN=varlen, HAS_DGT=dgt is not None, BT=BT, BK=bkd, num_warps=4)
+        dq, dk = dq_out, dk_out
+    return (dq.view(B, T, H, K).to(q.dtype), dk.view(B, T, H, K).to(k.dtype), dv.view(B, T, H, V), dg, dh0)
 
 
 class ChunkGLAFunction(torch.autograd.Function):

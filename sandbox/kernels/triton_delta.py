@@ -1,0 +1,270 @@
+"""Delta rule (DeltaNet / Gated DeltaNet) in chunked WY form: torch for the per-chunk WY representation,
+Triton for the sequential pass over chunks (forward and backward).
+
+Recurrence (per sequence and head, state S [K, V] fp32), scalar log-decay g (or none):
+    S_t = exp(g_t) S_{t-1};  S_t = S_t + beta_t k_t^T (v_t - k_t S_t);  o_t = scale * q_t S_t
+
+Per chunk of C = 64 steps, with gc the chunk-local cumulative log-decay and S_0 the incoming state:
+    A_kk[t, s] = beta_t (k_t . k_s) exp(gc_t - gc_s)           (s < t)
+    (I + A_kk) [W | U] = [beta * k * exp(gc) | beta * v]       (WY representation, one triangular solve)
+    v_new = U - W S_0                                          (the chunk's pseudo-values)
+    o     = scale * (q * exp(gc)) S_0 + A_qk v_new,  A_qk[t, s] = scale * (q_t . k_s) exp(gc_t - gc_s) (s <= t)
+    S_C   = exp(gc_C) S_0 + (k * exp(gc_C - gc))^T v_new
+The first three lines are batched over all chunks at once in torch (autograd differentiates them);
+the last three are a sequential scan over chunks: ``_delta_fwd`` / ``_delta_bwd`` below, wrapped in
+``DeltaScan`` (its backward is written by hand: dv_new, dS, and per-chunk partials of dq, dk, dW, dA).
+Head dims K, V up to 256 (one program holds all K rows of a V tile of the state).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sandbox.kernels.triton_chunk import chunk_table
+
+C = 64
+
+
+@triton.jit
+def _delta_fwd(qg, kl, w, u, aqk, el, h0, hs, vn, o, ht, co, H,
+               K: tl.constexpr, V: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
+               C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n = i_nh // H
+    i_h = i_nh % H
+    c0 = tl.load(co + i_n)
+    c1 = tl.load(co + i_n + 1)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, C)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_h = m_k[:, None] & m_v[None, :]
+    p_h = (i_nh * K + o_k[:, None]) * V + o_v[None, :]
+    if HAS_H0:
+        S = tl.load(h0 + p_h, mask=m_h, other=0.)
+    else:
+        S = tl.zeros([BK, BV], dtype=tl.float32)
+    for c in range(c0, c1):
+        ch = (c * H + i_h).to(tl.int64)
+        tl.store(hs + ch * K * V + o_k[:, None] * V + o_v[None, :], S, mask=m_h)
+        p_tk = ch * C * K + o_t[:, None] * K + o_k[None, :]
+        p_tv = ch * C * V + o_t[:, None] * V + o_v[None, :]
+        b_w = tl.load(w + p_tk, mask=m_k[None, :], other=0.)
+        b_u = tl.load(u + p_tv, mask=m_v[None, :], other=0.)
+        dt = b_w.dtype
+        Sc = S.to(dt)
+        b_vn = b_u.to(tl.float32) - tl.dot(b_w, Sc)
+        tl.store(vn + p_tv, b_vn, mask=m_v[None, :])
+        b_vnc = b_vn.to(dt)
+        b_q = tl.load(qg + p_tk, mask=m_k[None, :], other=0.)
+        b_A = tl.load(aqk + ch * C * C + o_t[:, None] * C + o_t[None, :])
+        b_o = tl.dot(b_q, Sc) + tl.dot(b_A, b_vnc)
+        tl.store(o + p_tv, b_o, mask=m_v[None, :])
+        b_kl = tl.load(kl + p_tk, mask=m_k[None, :], other=0.)
+        S = S * tl.load(el + ch) + tl.dot(tl.trans(b_kl), b_vnc)
+    if STORE_HT:
+        tl.store(ht + p_h, S, mask=m_h)
+
+
+@triton.jit
+def _delta_bwd(qg, kl, w, aqk, el, hs, vn, do, dht, dh0, dvn_o, dqg, dkl, dw, daqk, del_, co, H, NC,
+               K: tl.constexpr, V: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+               C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n = i_nh // H
+    i_h = i_nh % H
+    c0 = tl.load(co + i_n)
+    c1 = tl.load(co + i_n + 1)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, C)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_h = m_k[:, None] & m_v[None, :]
+    p_h = (i_nh * K + o_k[:, None]) * V + o_v[None, :]
+    if HAS_DHT:
+        dS = tl.load(dht + p_h, mask=m_h, other=0.)
+    else:
+        dS = tl.zeros([BK, BV], dtype=tl.float32)
+    part = i_v.to(tl.int64) * NC * H  # offset (in chunks*heads) of this V tile's partial buffers
+    for i in range(0, c1 - c0):
+        c = c1 - 1 - i
+        ch = (c * H + i_h).to(tl.int64)
+        p_tk = ch * C * K + o_t[:, None] * K + o_k[None, :]
+        p_tv = ch * C * V + o_t[:, None] * V + o_v[None, :]
+        S0 = tl.load(hs + ch * K * V + o_k[:, None] * V + o_v[None, :], mask=m_h, other=0.)
+        b_vn = tl.load(vn + p_tv, mask=m_v[None, :], other=0.)
+        b_do = tl.load(do + p_tv, mask=m_v[None, :], other=0.)
+        b_A = tl.load(aqk + ch * C * C + o_t[:, None] * C + o_t[None, :])
+        b_kl = tl.load(kl + p_tk, mask=m_k[None, :], other=0.)
+        b_q = tl.load(qg + p_tk, mask=m_k[None, :], other=0.)
+        b_w = tl.load(w + p_tk, mask=m_k[None, :], other=0.)
+        dt = b_w.dtype
+        b_do = b_do.to(dt)
+        b_vn = b_vn.to(dt)
+        S0c = S0.to(dt)
+        dSc = dS.to(dt)
+        b_dvn = tl.dot(tl.trans(b_A), b_do) + tl.dot(b_kl, dSc)
+        tl.store(dvn_o + p_tv, b_dvn, mask=m_v[None, :])
+        b_dvnc = b_dvn.to(dt)
+        pp_tk = (part + ch) * C * K + o_t[:, None] * K + o_k[None, :]
+        tl.store(daqk + (part + ch) * C * C + o_t[:, None] * C + o_t[None, :], tl.dot(b_do, tl.trans(b_vn)))
+        tl.store(dqg + pp_tk, tl.dot(b_do, tl.trans(S0c)), mask=m_k[None, :])
+        tl.store(dkl + pp_tk, tl.dot(b_vn, tl.trans(dSc)), mask=m_k[None, :])
+        tl.store(dw + pp_tk, -tl.dot(b_dvnc, tl.trans(S0c)), mask=m_k[None, :])
+        tl.store(del_ + part + ch, tl.sum(tl.sum(dS * S0, axis=1), axis=0))
+        dS = dS * tl.load(el + ch) + tl.dot(tl.trans(b_q), b_do) - tl.dot(tl.trans(b_w), b_dvnc)
+    if STORE_DH0:
+        tl.store(dh0 + p_h, dS, mask=m_h)
+
+
+def _blocks(K, V):
+    BK = max(16, triton.next_power_of_2(K))
+    BV = max(16, min({16: 64, 32: 64, 64: 64, 128: 32}.get(BK, 16), triton.next_power_of_2(V)))
+    return BK, BV
+
+
+def _operand_dtype(x: torch.Tensor, K: int) -> torch.dtype:
+    """Dtype of the scan's matrix operands: the input's 16-bit type, else fp32 (tf32 dots) up to K = 128 and
+    bf16 above (fp32 tiles of a 64 x 256 chunk do not fit in shared memory)."""
+    if x.dtype in (torch.bfloat16, torch.float16):
+        return x.dtype
+    return torch.float32 if K <= 128 else torch.bfloat16
+
+
+class DeltaScan(torch.autograd.Function):
+    """Sequential chunk scan: (q_g, k_l, W, U, A_qk, e_l, h0) -> (o, final state); tensors in chunk layout
+    [NC, H, C, *] float32, chunks of sequence n at co[n]:co[n+1]."""
+
+    @staticmethod
+    def forward(ctx, qg, kl, w, u, aqk, el, h0, co, N, output_final_state):
+        NC, H, _, K = qg.shape
+        V = u.shape[-1]
+        BK, BV = _blocks(K, V)
+        dev = qg.device
+        hs = torch.empty(NC, H, K, V, device=dev, dtype=torch.float32)
+        vn = torch.empty(NC, H, C, V, device=dev, dtype=torch.float32)
+        o = torch.empty(NC, H, C, V, device=dev, dtype=torch.float32)
+        ht = torch.empty(N, H, K, V, device=dev, dtype=torch.float32) if output_final_state else None
+        _delta_fwd[(triton.cdiv(V, BV), N * H)](qg, kl, w, u, aqk, el, h0 if h0 is not None else qg, hs, vn, o,
+                                                ht if ht is not None else qg, co, H, K=K, V=V,
+                                                HAS_H0=h0 is not None, STORE_HT=output_final_state, C=C,
+                                                BK=BK, BV=BV, num_warps=8, num_stages=1)
+        ctx.save_for_backward(qg, kl, w, aqk, el, hs, vn, co, h0)
+        ctx.N = N
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        qg, kl, w, aqk, el, hs, vn, co, h0 = ctx.saved_tensors
+        NC, H, _, K = qg.shape
+        V = vn.shape[-1]
+        N = ctx.N
+        BK, BV = _blocks(K, V)
+        NV = triton.cdiv(V, BV)
+        dev = qg.device
+        f32 = torch.float32
+        dvn = torch.empty(NC, H, C, V, device=dev, dtype=f32)
+        dqg = torch.empty(NV, NC, H, C, K, device=dev, dtype=f32)
+        dkl = torch.empty(NV, NC, H, C, K, device=dev, dtype=f32)
+        dw = torch.empty(NV, NC, H, C, K, device=dev, dtype=f32)
+        daqk = torch.empty(NV, NC, H, C, C, device=dev, dtype=f32)
+        de = torch.empty(NV, NC, H, device=dev, dtype=f32)
+        need_dh0 = h0 is not None and ctx.needs_input_grad[6]
+        dh0 = torch.empty(N, H, K, V, device=dev, dtype=f32) if need_dh0 else None
+        _delta_bwd[(NV, N * H)](qg, kl, w, aqk, el, hs, vn, do.contiguous(),
+                                dht.contiguous() if dht is not None else qg, dh0 if dh0 is not None else qg,
+                                dvn, dqg, dkl, dw, daqk, de, co, H, NC, K=K, V=V, HAS_DHT=dht is not None,
+                                STORE_DH0=need_dh0, C=C, BK=BK, BV=BV, num_warps=8, num_stages=1)
+        dt = qg.dtype
+        return (dqg.sum(0).to(dt), dkl.sum(0).to(dt), dw.sum(0).to(dt), dvn.to(dt), daqk.sum(0).to(dt), de.sum(0),
+                dh0, None, None, None)
+
+
+def _layout(B, T, cu_seqlens, device):
+    """Chunk layout: row index [NC, C] into the flat [B*T] time axis, validity mask, chunk offsets [N+1]."""
+    if cu_seqlens is None:
+        nt = triton.cdiv(T, C)
+        starts = (torch.arange(B, device=device)[:, None] * T + torch.arange(nt, device=device)[None, :] * C).reshape(-1)
+        ends = (torch.arange(B, device=device)[:, None] * T + T).expand(B, nt).reshape(-1)
+        co = torch.arange(B + 1, device=device, dtype=torch.int32) * nt
+    else:
+        table, _ = chunk_table(cu_seqlens, C)
+        starts, ends = table[:, 0].long(), table[:, 1].long()
+        cu = cu_seqlens.long()
+        nch = (cu[1:] - cu[:-1] + C - 1) // C
+        co = torch.cat([nch.new_zeros(1), nch.cumsum(0)]).to(torch.int32)
+    idx = starts[:, None] + torch.arange(C, device=device)[None, :]
+    valid = idx < ends[:, None]
+    return idx, valid, co
+
+
+def chunk_delta_rule(q, k, v, beta, g=None, *, scale=1.0, initial_state=None, output_final_state=False,
+                     cu_seqlens=None):
+    """Chunked delta rule; same contract as ``linear_recurrence`` with ``beta`` (g: None or [B, T, H]).
+
+    Returns (o [B, T, H, V] in v's dtype, final_state [N, H, K, V] float32 or None).
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"k, v: shapes {tuple(k.shape)}, {tuple(v.shape)} do not match q {tuple(q.shape)}")
+    if beta is None or beta.shape != (B, T, H):
+        raise ValueError(f"beta: must be [B, T, H] = {(B, T, H)}")
+    if g is not None and g.shape != (B, T, H):
+        raise ValueError(f"g: the Triton delta rule takes a scalar gate [B, T, H], got {tuple(g.shape)}")
+    if K > 256 or V > 256:
+        raise ValueError(f"K, V: the Triton delta rule supports head dims up to 256, got K={K}, V={V}")
+    if cu_seqlens is not None and B != 1:
+        raise ValueError(f"cu_seqlens: needs batch size 1, got {B}")
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    if initial_state is not None and tuple(initial_state.shape) != (N, H, K, V):
+        raise ValueError(f"initial_state: shape {tuple(initial_state.shape)} must be {(N, H, K, V)}")
+    f32 = torch.float32
+    idx, valid, co = _layout(B, T, cu_seqlens, q.device)
+    NC = idx.shape[0]
+    TT = B * T
+    flat = idx.clamp(max=TT - 1).reshape(-1)
+    vm = valid.reshape(NC, C, 1, 1)
+
+    def chunks(x):  # [B, T, H, D] -> [NC, H, C, D] fp32, zero on padding rows
+        x = x.reshape(TT, H, -1).to(f32)[flat].view(NC, C, H, -1) * vm
+        return x.permute(0, 2, 1, 3)
+
+    qc, kc, vc = chunks(q), chunks(k), chunks(v)
+    bc = chunks(beta[..., None])[..., 0]                          # [NC, H, C]
+    tri = torch.ones(C, C, dtype=torch.bool, device=q.device)
+    if g is not None:
+        gc = chunks(g[..., None])[..., 0].cumsum(-1)             # [NC, H, C]
+        diff = gc[..., :, None] - gc[..., None, :]
+        d_strict = diff.masked_fill(~tri.tril(-1), float("-inf")).exp()
+        d_incl = diff.masked_fill(~tri.tril(0), float("-inf")).exp()
+        eg = gc.exp()[..., None]
+        gl = gc[..., -1:]
+        kl = kc * (gl - gc).exp()[..., None]
+        el = gl[..., 0].exp()
+    else:
+        d_strict = tri.tril(-1).to(f32)
+        d_incl = tri.tril(0).to(f32)
+        eg = None
+        kl = kc
+        el = torch.ones(NC, H, device=q.device, dtype=f32)
+    akk = bc[..., None] * (kc @ kc.transpose(-1, -2)) * d_strict
+    eye = torch.eye(C, device=q.device, dtype=f32)
+    kw = bc[..., None] * (kc * eg if eg is not None else kc)
+    rhs = torch.cat([kw, bc[..., None] * vc], dim=-1)
+    sol = torch.linalg.solve_triangular(eye + akk, rhs, upper=False, unitriangular=True)
+    w, u = sol[..., :K], sol[..., K:]
+    aqk = (qc @ kc.transpose(-1, -2)) * d_incl * scale
+    qg = (qc * eg if eg is not None else qc) * scale
+    h0 = initial_state.to(f32).contiguous() if initial_state is not None else None
+    dt = _operand_dtype(q, K)
+    o, ht = DeltaScan.apply(*(x.to(dt).contiguous() for x in (qg, kl, w, u, aqk)), el.contiguous(), h0, co, N,
+                            bool(output_final_state))
+    # back to [B, T, H, V]: position of each time row in the chunk layout
+    pos = torch.empty(TT, dtype=torch.long, device=q.device)
+    pos[idx[valid]] = torch.arange(NC * C, device=q.device).view(NC, C)[valid]
+    o = o.permute(0, 2, 1, 3).reshape(NC * C, H, V)[pos]
+    return o.view(B, T, H, V).to(v.dtype), ht
