@@ -1,0 +1,191 @@
+"""Triton kernels (run through TRITON_INTERPRET=1 on the CPU) against the per-step float64 reference.
+
+Shapes are tiny because the interpreter is slow; odd lengths, non-power-of-two head dims, several
+K / V tiles, strong and weak decay, and packed segments (with empty ones) are all covered.
+The same checks run on the GPU in ``sandbox bench kernels --check``.
+"""
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before the kernel modules are imported (their @triton.jit reads it)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+pytest.importorskip("triton")
+
+from sandbox.bench import _parse_shapes, main_kernels  # noqa: E402
+from sandbox.kernels import linear_recurrence  # noqa: E402
+from sandbox.kernels.reference import recurrent_reference  # noqa: E402
+from sandbox.kernels.triton_chunk import chunk_gla  # noqa: E402
+from sandbox.kernels.triton_decode import decode_step  # noqa: E402
+from sandbox.kernels.triton_delta import chunk_delta_rule  # noqa: E402
+
+TOL = 1e-4  # fp32 kernel (interpreter: numpy fp32 dots) against a float64 loop
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def _inputs(B, T, H, K, V, gate, *, N=None, h0=True, decay=(2.0, 1.0), beta=False, seed=0):
+    g_ = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=g_)
+    k = torch.randn(B, T, H, K, generator=g_) / K ** 0.5
+    if beta:
+        k = F.normalize(k, dim=-1)
+    v = torch.randn(B, T, H, V, generator=g_)
+    shift, spread = decay
+    g = None
+    if gate == "scalar":
+        g = F.logsigmoid(torch.randn(B, T, H, generator=g_) * spread + shift)
+    elif gate == "diag":
+        g = F.logsigmoid(torch.randn(B, T, H, K, generator=g_) * spread + shift)
+    b = torch.rand(B, T, H, generator=g_) if beta else None
+    h = torch.randn(N if N is not None else B, H, K, V, generator=g_) if h0 else None
+    return dict(q=q, k=k, v=v, g=g, beta=b, initial_state=h)
+
+
+def _compare(fn, inp, cu=None, scale=0.7):
+    """Outputs, final state and all gradients of fn against recurrent_reference in float64."""
+    names = [n for n in ("q", "k", "v", "g", "beta", "initial_state") if inp[n] is not None]
+    mine = {n: inp[n].clone().requires_grad_() for n in names}
+    ref = {n: inp[n].double().requires_grad_() for n in names}
+    o, ht = fn(**{n: mine.get(n) for n in ("q", "k", "v", "g", "beta", "initial_state")}, scale=scale,
+               output_final_state=True, cu_seqlens=cu)
+    ro, rht = recurrent_reference(**{n: ref.get(n) for n in ("q", "k", "v", "g", "beta", "initial_state")},
+                                  scale=scale, output_final_state=True, cu_seqlens=cu)
+    do, dht = torch.randn_like(ro), torch.randn_like(rht)
+    ((o * do.float()).sum() + (ht * dht.float()).sum()).backward()
+    ((ro * do).sum() + (rht * dht).sum()).backward()
+    errs = {"o": rel(o, ro), "final_state": rel(ht, rht)}
+    errs.update({"d" + n: rel(mine[n].grad, ref[n].grad) for n in names})
+    bad = {k: v for k, v in errs.items() if not v <= TOL}
+    assert not bad, f"errors above {TOL}: {bad} (all: {errs})"
+
+
+def gla(q, k, v, g=None, beta=None, **kw):
+    return chunk_gla(q, k, v, g, **kw)
+
+
+def delta(q, k, v, g=None, beta=None, **kw):
+    return chunk_delta_rule(q, k, v, beta, g, **kw)
+
+
+@pytest.mark.parametrize("gate", ["none", "scalar", "diag"])
+def test_chunk_gla_matches_loop(gate):
+    _compare(gla, _inputs(2, 37, 2, 20, 24, gate))  # one partial chunk, K and V not powers of two
+
+
+def test_chunk_gla_two_chunks_and_weak_decay():
+    _compare(gla, _inputs(1, 100, 1, 16, 16, "diag", decay=(6.0, 1.0)))
+
+
+def test_chunk_gla_strong_decay_stays_finite():
+    # log-decays down to about -15 per step: any exp(+large) outside the masks would give inf / NaN
+    _compare(gla, _inputs(1, 90, 1, 16, 16, "diag", decay=(-6.0, 4.0)))
+
+
+def test_chunk_gla_varlen_with_empty_segments():
+    cu = torch.tensor([0, 30, 30, 95, 95, 100])
+    _compare(gla, _inputs(1, 100, 2, 20, 24, "diag", N=5), cu=cu)
+    _compare(gla, _inputs(1, 100, 1, 16, 16, "scalar", N=5, h0=False), cu=cu)
+
+
+def test_chunk_gla_several_state_tiles(monkeypatch):
+    # 16 x 16 state tiles: K = 40 and V = 36 need partial sums over 3 K tiles and 3 V tiles
+    monkeypatch.setenv("SANDBOX_TRITON_SEQ_BLOCK", "16")
+    _compare(gla, _inputs(1, 70, 1, 40, 36, "diag"))
+
+
+def test_unselected_rows_stay_bit_identical():
+    # row-sparse top-k: rows with k == 0 and g == 0 at every step keep the initial state exactly
+    inp = _inputs(1, 80, 1, 16, 16, "diag")
+    keep = torch.zeros(16, dtype=torch.bool)
+    keep[[1, 5, 11]] = True
+    inp["k"][..., keep] = 0.0
+    inp["g"][..., keep] = 0.0
+    _, ht = chunk_gla(inp["q"], inp["k"], inp["v"], inp["g"], initial_state=inp["initial_state"],
+                      output_final_state=True)
+    assert torch.equal(ht[0, 0, keep], inp["initial_state"][0, 0, keep])
+    assert not torch.equal(ht[0, 0, ~keep], inp["initial_state"][0, 0, ~keep])
+
+
+@pytest.mark.parametrize("gate", ["none", "scalar"])
+def test_delta_rule_matches_loop(gate):
+    _compare(delta, _inputs(2, 70, 2, 20, 24, gate, beta=True))
+
+
+def test_delta_rule_varlen():
+    cu = torch.tensor([0, 0, 64, 65, 90])
+    _compare(delta, _inputs(1, 90, 1, 16, 20, "scalar", N=4, beta=True), cu=cu)
+
+
+def test_dispatch_triton_matches_naive():
+    inp = _inputs(1, 40, 2, 12, 10, "diag")
+    o1, s1 = linear_recurrence(inp["q"], inp["k"], inp["v"], inp["g"], impl="triton",
+                               initial_state=inp["initial_state"], output_final_state=True)
+    o2, s2 = linear_recurrence(inp["q"].double(), inp["k"].double(), inp["v"].double(), inp["g"].double(),
+                               impl="naive", initial_state=inp["initial_state"].double(), output_final_state=True)
+    assert rel(o1, o2) < TOL and rel(s1, s2) < TOL
+
+
+def _step_reference(q, k, v, S, g, beta, scale):
+    S = S.double()
+    if g is not None:
+        d = g.double().exp()
+        S = S * (d[..., None] if d.dim() == 3 else d[..., None, None])
+    w = v.double()
+    if beta is not None:
+        w = beta.double()[..., None] * (w - torch.einsum("bhk,bhkv->bhv", k.double(), S))
+    S = S + k.double()[..., None] * w[..., None, :]
+    return scale * torch.einsum("bhk,bhkv->bhv", q.double(), S), S
+
+
+@pytest.mark.parametrize("gate,use_beta", [("none", False), ("scalar", True), ("diag", False), ("diag", True)])
+def test_decode_step(gate, use_beta):
+    B, H, K, V = 2, 3, 40, 24
+    q, k, v = torch.randn(B, H, K), torch.randn(B, H, K) / 6, torch.randn(B, H, V)
+    g = None if gate == "none" else F.logsigmoid(torch.randn((B, H) if gate == "scalar" else (B, H, K)))
+    beta = torch.rand(B, H) if use_beta else None
+    S = torch.randn(B, H, K, V)
+    ro, rS = _step_reference(q, k, v, S, g, beta, 0.5)
+    o = decode_step(q, k, v, S, g, beta, scale=0.5)  # S updated in place
+    assert rel(o, ro) < TOL and rel(S, rS) < TOL
+
+
+def test_decode_step_selected_rows_only():
+    B, H, K, V, R = 2, 2, 40, 24, 5
+    q, v = torch.randn(B, H, K), torch.randn(B, H, V)
+    rows = torch.stack([torch.randperm(K)[:R] for _ in range(B * H)]).view(B, H, R)
+    sel = torch.zeros(B, H, K, dtype=torch.bool).scatter_(-1, rows, True)
+    k = torch.randn(B, H, K) * sel
+    g = F.logsigmoid(torch.randn(B, H, K)) * sel
+    beta = torch.rand(B, H)
+    S = torch.randn(B, H, K, V)
+    S0 = S.clone()
+    ro, rS = _step_reference(q, k, v, S, g, beta, 1.0)
+    o = decode_step(q, k, v, S, g, beta, rows=rows)
+    assert rel(o, ro) < TOL and rel(S, rS) < TOL
+    assert torch.equal(S[~sel], S0[~sel])  # untouched rows: bit-identical
+
+
+def test_bad_inputs_name_the_field():
+    q = torch.randn(1, 8, 2, 4)
+    with pytest.raises(ValueError, match="g:"):
+        chunk_gla(q, q, q, torch.zeros(1, 8, 3))
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        chunk_gla(torch.randn(2, 8, 2, 4), torch.randn(2, 8, 2, 4), torch.randn(2, 8, 2, 4),
+                  cu_seqlens=torch.tensor([0, 8]))
+    with pytest.raises(ValueError, match="state:"):
+        decode_step(torch.randn(1, 2, 4), torch.randn(1, 2, 4), torch.randn(1, 2, 4), torch.zeros(1, 2, 4, 5))
+    with pytest.raises(ValueError, match="g:"):
+        chunk_delta_rule(q, q, q, torch.rand(1, 8, 2), torch.zeros(1, 8, 2, 4))
+
+
+def test_bench_shapes_argument():
+    assert _parse_shapes("64,512,2,64; 8,4096,4,128") == [(64, 512, 2, 64), (8, 4096, 4, 128)]
+    with pytest.raises(ValueError, match="--shapes"):
+        _parse_shapes("64,512,2")
+    assert main_kernels(["--shapes", "1,2,x,4"]) == 2
