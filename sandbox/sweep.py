@@ -13,10 +13,11 @@ Trial bookkeeping (all in the study, so any machine can resume or report):
               run_dir, worker ("host:pid:gpu")         where it runs
               result (train's summary), failure         how it ended; a ``failure``
                                                         is final and never re-run
-              lost, requeued_as, duplicate_of          superseded trials
+              lost, duplicate_of                        superseded trials (FAIL)
+              retry_of, retry_reason, retries           a copy of a lost trial
 A trial whose worker died (seen by the launcher on its own host, or by a missed
-heartbeat with PostgreSQL) or that was interrupted is marked FAIL with ``lost`` and
-re-enqueued as a copy that trains in the same run directory, resuming its checkpoint.
+heartbeat with PostgreSQL) or that was interrupted is marked FAIL and re-enqueued
+as a copy that trains in the same run directory, resuming its checkpoint.
 """
 from __future__ import annotations
 
@@ -31,9 +32,11 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
-HOST = socket.gethostname()
+# machine name recorded on trials (set it where machines share a hostname, e.g. containers)
+HOST = os.environ.get("SANDBOX_SWEEP_HOST") or socket.gethostname()
 MAX_RETRIES = 3          # a point whose worker dies this many times is recorded as failed
 REAP_GRACE_S = 60        # a RUNNING trial no worker has claimed yet is lost after this long
 FINAL_FAIL = "failure"
@@ -50,12 +53,32 @@ def open_storage(sweep_dir: Path, url: str | None, heartbeat: int | None = None)
         path = str(sweep_dir / "study.journal")
         return JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
     hb = heartbeat or 10
-    return optuna.storages.RDBStorage(url, heartbeat_interval=hb, grace_period=max(3 * hb, hb + 5),
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    return optuna.storages.RDBStorage(_driver_url(url), heartbeat_interval=hb, grace_period=max(3 * hb, hb + 5),
                                       heartbeat_stale_trial_callback=_requeue_stale)
 
 
+def _driver_url(url: str) -> str:
+    """SQLAlchemy 2.1 reads postgresql:// as psycopg 3; use psycopg2 (the `postgres` extra) when
+    psycopg 3 is not installed."""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme in ("postgresql", "postgres"):
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            return f"postgresql+psycopg2://{rest}"
+    return url
+
+
+def heartbeat_interval(storage) -> int | None:
+    """Seconds between heartbeats if the storage (an RDB one, possibly behind Optuna's
+    cache) checks them, else None."""
+    get = getattr(storage, "get_heartbeat_interval", None)
+    return get() if get is not None else None
+
+
 def uses_heartbeat(storage) -> bool:
-    return getattr(storage, "heartbeat_interval", None) is not None
+    return heartbeat_interval(storage) is not None
 
 
 def _pruner(pruning: dict | None):
@@ -76,31 +99,31 @@ def _trials(study, states=None):
 
 
 def requeue(study, trial, reason: str, count: bool = True) -> int | None:
-    """Mark a RUNNING (or just failed) trial as lost and enqueue a copy that resumes its run
-    directory; after MAX_RETRIES lost runs the point is recorded as failed instead."""
+    """Fail a lost RUNNING trial (or take one a heartbeat check just failed) and enqueue a copy
+    that resumes the same run directory. The copy records ``retry_of`` and ``retry_reason``
+    (a finished trial's attributes cannot change). After MAX_RETRIES lost runs the point is
+    recorded as failed instead."""
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState, create_trial
 
     storage, tid = study._storage, trial._trial_id
+    retries = trial.user_attrs.get("retries", 0) + int(count)
     if trial.state == TrialState.RUNNING:
         try:
+            storage.set_trial_user_attr(tid, "lost", reason)
+            if retries > MAX_RETRIES:
+                storage.set_trial_user_attr(tid, FINAL_FAIL, f"its worker was lost {retries} times; last: {reason}")
             if not storage.set_trial_state_values(tid, state=TrialState.FAIL):
                 return None
         except UpdateFinishedTrialError:       # someone else finished or failed it first
             return None
-    storage.set_trial_user_attr(tid, "lost", reason)
-    retries = trial.user_attrs.get("retries", 0) + int(count)
     if retries > MAX_RETRIES:
-        storage.set_trial_user_attr(tid, FINAL_FAIL, f"its worker died {retries} times; last: {reason}")
         return None
     keep = ("grid", "tune", "sample", "grid_id", "point_id", "run_dir")
     attrs = {k: trial.user_attrs[k] for k in keep if k in trial.user_attrs}
-    template = create_trial(state=TrialState.WAITING, user_attrs={**attrs, "retries": retries},
-                            system_attrs={"fixed_params": {}})
-    new_id = storage.create_new_trial(study._study_id, template_trial=template)
-    number = storage.get_trial_number_from_id(new_id)
-    storage.set_trial_user_attr(tid, "requeued_as", number)
-    return number
+    attrs.update(retries=retries, retry_of=trial.number, retry_reason=reason)
+    template = create_trial(state=TrialState.WAITING, user_attrs=attrs, system_attrs={"fixed_params": {}})
+    return storage.get_trial_number_from_id(storage.create_new_trial(study._study_id, template_trial=template))
 
 
 def _requeue_stale(study, trial) -> None:       # RDBStorage's heartbeat-stale callback
@@ -130,7 +153,7 @@ def reap(study, heartbeat: bool) -> list[str]:
     for t in _trials(study, (TrialState.RUNNING,)):
         worker = t.user_attrs.get("worker")
         if worker:
-            host, pid = worker.split(":")[:2]
+            host, pid, _ = worker.rsplit(":", 2)
             if host == HOST and not _pid_alive(int(pid)):
                 if requeue(study, t, f"worker {worker} died") is not None:
                     notes.append(f"trial {t.number}: worker {worker} died; requeued")
@@ -141,12 +164,11 @@ def reap(study, heartbeat: bool) -> list[str]:
 
 
 def holds(trial) -> bool:
-    """Does this trial settle its point (done, running, queued, or failed for a reason)?"""
+    """Does this trial settle its point (done, running, queued, or failed for a reason)?
+    A lost trial does not; its retry (or, without one, a rerun of the sweep) does."""
     from optuna.trial import TrialState
-    if "requeued_as" in trial.user_attrs or "duplicate_of" in trial.user_attrs:
-        return False
     if trial.state == TrialState.FAIL:
-        return FINAL_FAIL in trial.user_attrs
+        return FINAL_FAIL in trial.user_attrs and "duplicate_of" not in trial.user_attrs
     return True
 
 
@@ -258,7 +280,7 @@ class _Worker:
         beat = threading.Event()
         if uses_heartbeat(storage):
             def heartbeat():
-                while not beat.wait(storage.heartbeat_interval):
+                while not beat.wait(heartbeat_interval(storage)):
                     storage.record_heartbeat(tid)
             threading.Thread(target=heartbeat, daemon=True).start()
 
@@ -401,18 +423,21 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = report.make_console()
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    # One launcher per journal: it may then treat every RUNNING trial whose worker process is
+    # gone as lost. With a shared database several launchers (machines) may share a directory.
     lock = open(sweep_dir / ".lock", "w")
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if not storage_url:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise ValueError(f"{sweep_dir}: another `sandbox sweep` is running here "
                          f"(see `sandbox sweep status {sweep_dir}`)") from None
-    shutil.copyfile(spec.source, sweep_dir / "sweep.yaml")
-    (sweep_dir / "sweep.json").write_text(json.dumps({"study": spec.name, "source": str(spec.source),
-                                                      "storage": _public_url(storage_url) if storage_url else None}))
     storage = open_storage(sweep_dir, storage_url, heartbeat)
     hb = uses_heartbeat(storage)
     prepare_study(spec, storage)
+    shutil.copyfile(spec.source, sweep_dir / "sweep.yaml")
+    (sweep_dir / "sweep.json").write_text(json.dumps({"study": spec.name, "source": str(spec.source),
+                                                      "storage": _public_url(storage_url) if storage_url else None}))
     study = load_study(storage, spec.name, spec.fingerprint()["pruning"])
     notes = reap(study, hb)
     added = enqueue_points(study, spec)
@@ -427,7 +452,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
         if workers_per_gpu:
             raise ValueError("--workers-per-gpu: no GPU is visible here; use --workers N")
         slots = [None] * (workers or 1)
-    threads = max(1, (os.cpu_count() or 1) // len(slots))
+    threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, (os.cpu_count() or 1) // len(slots))
     (sweep_dir / "logs").mkdir(exist_ok=True)
     where = f"{len(gpus)} GPU(s) x {len(slots) // len(gpus)}" if gpus else "CPU"
     console.print(f"sweep [bold]{spec.name}[/]: {len(spec.points())} points ({added} newly queued), "

@@ -65,22 +65,34 @@ class GridMedianPruner(optuna.pruners.BasePruner):
 
 # ---- rows ------------------------------------------------------------------------------------
 
-def status_of(t) -> str:
+def retries_by_origin(trials) -> dict[int, object]:
+    return {t.user_attrs["retry_of"]: t for t in trials if "retry_of" in t.user_attrs}
+
+
+def status_of(t, retried: dict | None = None) -> str:
     a = t.user_attrs
     if t.state == TrialState.FAIL:
-        return "requeued" if "requeued_as" in a else "duplicate" if "duplicate_of" in a else \
-            "failed" if "failure" in a else "lost"
+        if "duplicate_of" in a:
+            return "duplicate"
+        if "failure" in a:
+            return "failed"
+        return "requeued" if retried and t.number in retried else "lost"
     return {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.RUNNING: "running",
             TrialState.WAITING: "waiting"}[t.state]
 
 
-def _note(t) -> str:
+def _note(t, retried: dict) -> str:
     a = t.user_attrs
-    if "requeued_as" in a:
-        return f"{a.get('lost', '')}; requeued as trial {a['requeued_as']}"
     if "duplicate_of" in a:
         return f"duplicate of trial {a['duplicate_of']}"
-    return a.get("failure") or a.get("pruned") or a.get("lost") or ""
+    if t.state == TrialState.FAIL and "failure" not in a:
+        nxt = retried.get(t.number)
+        reason = a.get("lost") or (nxt.user_attrs.get("retry_reason") if nxt else "") or "lost"
+        return f"{reason}; requeued as trial {nxt.number}" if nxt else reason
+    note = a.get("failure") or a.get("pruned") or ""
+    if "retry_of" in a and not note:
+        note = f"retry of trial {a['retry_of']}"
+    return note
 
 
 def keys_of(trials) -> tuple[list[str], list[str]]:
@@ -107,10 +119,11 @@ def _cell(v):
 
 def trial_rows(trials) -> list[dict]:
     grid_keys, tune_keys = keys_of(trials)
+    retried = retries_by_origin(trials)
     rows = []
     for t in sorted(trials, key=lambda t: t.number):
         a, res = t.user_attrs, t.user_attrs.get("result") or {}
-        row = {"trial": t.number, "status": status_of(t), "point_id": a.get("point_id", "")}
+        row = {"trial": t.number, "status": status_of(t, retried), "point_id": a.get("point_id", "")}
         row.update({k: a.get("grid", {}).get(k) for k in grid_keys})
         row.update({k: a.get("tune", {}).get(k) for k in tune_keys})
         row["sample"] = a.get("sample")
@@ -118,7 +131,7 @@ def trial_rows(trials) -> list[dict]:
         row.update({k: res.get(k) for k in RESULT_KEYS})
         d = duration(t)
         row["trial_time_s"] = round(d, 2) if d is not None else None
-        row.update({"worker": a.get("worker", ""), "run_dir": a.get("run_dir", ""), "note": _note(t),
+        row.update({"worker": a.get("worker", ""), "run_dir": a.get("run_dir", ""), "note": _note(t, retried),
                     "grid_id": a.get("grid_id", "")})
         rows.append(row)
     return rows
@@ -171,8 +184,9 @@ def seed_summary(summary: list[dict], grid_keys: list[str]) -> list[dict]:
 
 def counts(trials) -> dict:
     c = {s: 0 for s in ("complete", "pruned", "failed", "running", "waiting", "lost", "requeued", "duplicate")}
+    retried = retries_by_origin(trials)
     for t in trials:
-        c[status_of(t)] += 1
+        c[status_of(t, retried)] += 1
     return c
 
 

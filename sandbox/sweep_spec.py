@@ -212,19 +212,24 @@ def load_sweep(path) -> SweepSpec:
         if key in grid_keys:
             raise ConfigError(src, f"tune.{key}", "is also a grid axis; a key is either a grid axis or tuned")
 
-    # every key on its own (so an unknown key is named as such) ...
-    for keys, rows in axes:
-        for j, key in enumerate(keys):
-            for row in rows:
-                _check(base, {key: row[j]}, src, f"grid.{key}")
-    for key, values in tune_lists.items():
-        for v in values:
-            _check(base, {key: v}, src, f"tune.{key}")
+    # every key on its own, so that an unknown key is named as such (other errors may depend
+    # on the rest of the point and are reported with the whole point below) ...
+    singles = [(f"grid.{k}", k, row[j]) for keys, rows in axes for j, k in enumerate(keys) for row in rows]
+    singles += [(f"tune.{k}", k, v) for k, values in tune_lists.items() for v in values]
+    singles += [(f"tune.{k}.{e}", k, getattr(r, e)) for k, r in tune_ranges.items() for e in ("low", "high")]
+    for where, key, value in singles:
+        try:
+            build_config(base, {key: value}, src)
+        except ConfigError as e:
+            if e.reason.startswith(("unknown key", "unknown mixer", "is not a section", "expected a")):
+                raise _point_error(src, where, e) from None
     for key, r in tune_ranges.items():
-        for end in ("low", "high"):
-            cfg = _check(base, {key: getattr(r, end)}, src, f"tune.{key}.{end}")
-            if not isinstance(flatten(to_dict(cfg)).get(key), float):
-                raise ConfigError(src, f"tune.{key}", "a range needs a float config key; list the values instead")
+        try:
+            kind = flatten(to_dict(build_config(base, {key: r.low}, src))).get(key)
+        except ConfigError:
+            continue                                  # reported with its point below
+        if not isinstance(kind, float):
+            raise ConfigError(src, f"tune.{key}", "a range needs a float config key; list the values instead")
 
     objective = _parse_section(Objective, raw.get("objective"), "objective", src)
     pruning = _parse_section(Pruning, raw["pruning"], "pruning", src) if raw.get("pruning") is not None else None

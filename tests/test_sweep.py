@@ -1,0 +1,367 @@
+"""`sandbox sweep` with real Optuna storages and real worker processes (CPU, tiny runs).
+
+Checked against independent references: the Cartesian product of the grid written
+out in the test, each trial's own result.json history (objective = best accuracy),
+and the process ids seen on the trials (which workers ran what). The PostgreSQL test
+needs a server on loopback (.ci/postgres.sh); it is skipped only outside CI.
+"""
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from sandbox.cli import main
+from sandbox.sweep import open_storage
+from sandbox.sweep_spec import load_sweep
+
+BASE = """\
+base:
+  task: {name: mqar, seq_len: 16, num_kv_pairs: 2, vocab_size: 16, test_examples: 32}
+  model: {mixer: attention, d_model: 16, n_layers: 1, n_heads: 1, positions: learned, channel_mixer: none}
+  train: {steps: STEPS, batch_size: 8, lr: 3e-3, eval_every: 10, eval_batch_size: 32, log_every: 10,
+          early_stop: null}
+"""
+# no GPU for the workers; one thread each (several workers share two cores)
+ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+def write(tmp_path: Path, body: str, steps: int = 30, eval_every: int = 10) -> Path:
+    path = tmp_path / "s.yaml"
+    base = BASE.replace("STEPS", str(steps)).replace("eval_every: 10", f"eval_every: {eval_every}")
+    path.write_text(base + textwrap.dedent(body))
+    return path
+
+
+def sweep_cmd(path, out, *extra) -> list[str]:
+    return [sys.executable, "-m", "sandbox.cli", "sweep", str(path), "--out", str(out), "--no-live", *extra]
+
+
+def run_sweep(path, out, *extra, env=ENV, timeout=240) -> subprocess.CompletedProcess:
+    return subprocess.run(sweep_cmd(path, out, *extra), env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def trials_of(out: Path, url: str | None = None, name: str | None = None):
+    import optuna
+    storage = open_storage(out, url)
+    name = name or json.loads((out / "sweep.json").read_text())["study"]
+    return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+
+
+def completed_points(trials) -> list[str]:
+    return [t.user_attrs["point_id"] for t in trials if t.state.name == "COMPLETE"]
+
+
+def wait_for(pred, timeout=120, what="condition"):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def pid_of(trial) -> int:
+    return int(trial.user_attrs["worker"].rsplit(":", 2)[1])
+
+
+# ---- a grid with two workers --------------------------------------------------------------
+
+def test_grid_two_workers_every_point_once_and_resume_is_a_no_op(tmp_path):
+    path = write(tmp_path, """\
+        name: grid2
+        grid:
+          model.d_model: [16, 32]
+          seed: [0, 1]
+        tune:
+          train.lr: ["1e-3", 1.0e-2]
+        """, steps=40)
+    out = tmp_path / "out"
+    r = run_sweep(path, out, "--workers", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    expected = {(d, s, lr) for d, s, lr in itertools.product([16, 32], [0, 1], [1e-3, 1e-2])}
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    got = [(int(r["model.d_model"]), int(r["seed"]), float(r["train.lr"])) for r in rows]
+    assert sorted(got) == sorted(expected)                      # every point, exactly once
+    assert all(r["status"] == "complete" for r in rows)
+    assert len({r["worker"] for r in rows}) == 2                # both worker processes pulled trials
+
+    trials = trials_of(out)
+    assert sorted(completed_points(trials)) == sorted(p.point_id for p in load_sweep(path).points())
+    for t in trials:                                            # objective = best test accuracy of the run
+        res = json.loads((out / t.user_attrs["run_dir"] / "result.json").read_text())
+        assert t.value == max(h["test/accuracy"] for h in res["history"])
+        assert res["config"]["model"]["d_model"] == t.user_attrs["grid"]["model.d_model"]
+        assert res["config"]["train"]["lr"] == t.user_attrs["tune"]["train.lr"]
+        assert any(f.name.startswith("events.out.tfevents") for f in (out / t.user_attrs["run_dir"]).iterdir())
+
+    # the summary keeps the best over the tuned lr per grid point
+    summary = list(csv.DictReader(open(out / "summary.csv")))
+    assert len(summary) == 4
+    for s in summary:
+        mine = [float(r["objective"]) for r in rows
+                if r["model.d_model"] == s["model.d_model"] and r["seed"] == s["seed"]]
+        assert float(s["best"]) == pytest.approx(max(mine), abs=1e-6)
+    md = (out / "summary.md").read_text()
+    assert "Mean ± std over seeds" in md and "speed-up" in md
+
+    # rerunning the same file resumes: nothing is queued or run again
+    r2 = run_sweep(path, out, "--workers", "2")
+    assert r2.returncode == 0, r2.stdout + r2.stderr
+    assert "(0 newly queued)" in r2.stdout
+    assert len(trials_of(out)) == len(trials)
+
+    # status of a finished sweep
+    assert main(["sweep", "status", str(out)]) == 0
+
+    # a changed base config is refused rather than mixed into the old study
+    path.write_text(path.read_text().replace("lr: 3e-3", "lr: 5e-3"))
+    assert main(["sweep", str(path), "--out", str(out)]) == 2
+
+
+# ---- failures are recorded, the sweep goes on ---------------------------------------------------
+
+def test_diverging_and_raising_trials_are_recorded_failed(tmp_path, capsys):
+    # lr 1e30 makes the loss NaN (TrainingDiverged); train.device=cuda passes validation
+    # but raises when the run starts on a machine without a visible GPU.
+    path = write(tmp_path, """\
+        name: failing
+        grid:
+          train.device: [cpu, cuda]
+        tune:
+          train.lr: [3e-3, 1e30]
+        """)
+    out = tmp_path / "out"
+    r = run_sweep(path, out, "--workers", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {(r["train.device"], float(r["train.lr"])): r for r in csv.DictReader(open(out / "results.csv"))}
+    assert len(rows) == 4
+    assert rows[("cpu", 3e-3)]["status"] == "complete"
+    assert rows[("cpu", 1e30)]["status"] == "failed"
+    assert rows[("cpu", 1e30)]["note"].startswith("diverged: loss became nan")
+    for lr in (3e-3, 1e30):
+        assert rows[("cuda", lr)]["status"] == "failed"
+        assert "CUDA is not available" in rows[("cuda", lr)]["note"]
+    md = (out / "summary.md").read_text()
+    assert md.count("CUDA is not available") == 2 and "diverged" in md
+    # failed points are final: a rerun does not retry them
+    r2 = run_sweep(path, out)
+    assert "(0 newly queued)" in r2.stdout and len(trials_of(out)) == 4
+
+
+# ---- crash safety ---------------------------------------------------------------------------------
+
+def test_interrupt_and_kill_minus_9_then_rerun_completes_every_point_once(tmp_path):
+    path = write(tmp_path, """\
+        name: crashy
+        grid:
+          train.steps: [20, 1500]
+          seed: [0, 1]
+        """, eval_every=50)
+    out = tmp_path / "out"
+    expected = sorted(p.point_id for p in load_sweep(path).points())
+    slow = {p.point_id for p in load_sweep(path).points() if p.grid["train.steps"] == 1500}
+
+    def running_slow(min_step=0):
+        if not (out / "study.journal").exists():
+            return None
+        for t in trials_of(out):
+            if (t.state.name == "RUNNING" and t.user_attrs.get("point_id") in slow and "worker" in t.user_attrs
+                    and t.last_step is not None and t.last_step > min_step):
+                return t
+        return None
+
+    # 1. Ctrl-C: the launcher stops its workers; their trials are requeued, nothing is lost
+    p = subprocess.Popen(sweep_cmd(path, out, "--workers", "2"), env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    first = wait_for(running_slow, what="a slow trial to report")
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=90) == 130, p.stdout.read()
+    t = next(t for t in trials_of(out) if t.number == first.number)
+    assert t.state.name == "FAIL" and t.user_attrs["lost"] == "interrupted"
+    assert any(r.user_attrs.get("retry_of") == t.number for r in trials_of(out))
+    assert (out / t.user_attrs["run_dir"] / "checkpoint.pt").exists()
+    assert not [t for t in trials_of(out) if t.state.name == "RUNNING"]
+
+    # 2. kill -9 a worker: the launcher requeues its trial and starts another worker
+    p = subprocess.Popen(sweep_cmd(path, out, "--workers", "2"), env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    victim = wait_for(lambda: running_slow(first.last_step), what="a resumed slow trial to report")
+    os.kill(pid_of(victim), signal.SIGKILL)
+    wait_for(lambda: any(t.user_attrs.get("retry_of") == victim.number for t in trials_of(out)),
+             what="the killed worker's trial to be requeued")
+
+    # 3. kill -9 the launcher and every worker (a machine crash), then rerun the command
+    again = wait_for(lambda: running_slow(), what="the requeued trial to run again")
+    p.kill()
+    for t in trials_of(out):
+        if t.state.name == "RUNNING" and "worker" in t.user_attrs:
+            try:
+                os.kill(pid_of(t), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    p.wait()
+    assert any(t.number == again.number and t.state.name == "RUNNING" for t in trials_of(out))
+    r = run_sweep(path, out, "--workers", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    trials = trials_of(out)
+    assert sorted(completed_points(trials)) == expected        # no point missing, none twice
+    assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
+    reasons = [t.user_attrs["retry_reason"] for t in trials if "retry_of" in t.user_attrs]
+    assert "interrupted" in reasons and f"worker {victim.user_attrs['worker']} died" in reasons
+    # every retry resumed in its point's first run directory, and the run reached its end
+    for point in slow:
+        dirs = {t.user_attrs["run_dir"] for t in trials if t.user_attrs.get("point_id") == point}
+        assert len(dirs) == 1
+        assert json.loads((out / dirs.pop() / "result.json").read_text())["steps"] == 1500
+
+
+# ---- validation ------------------------------------------------------------------------------------
+
+BAD = {
+    "malformed": ("grid: {model.d_model: [16, 32\n", "malformed YAML"),
+    "unknown_top": ("grdi: {seed: [0, 1]}\n", "grdi: unknown key"),
+    "empty_axis": ("grid: {model.d_model: []}\n", "grid.model.d_model: empty axis"),
+    "tuned_and_grid": ("grid: {train.lr: [1e-3]}\ntune: {train.lr: [1e-2]}\n", "tune.train.lr: is also a grid axis"),
+    "zero_budget": ("tune: {train.lr: {low: 1e-4, high: 1e-2, log: true, trials: 0}}\n",
+                    "tune.train.lr.trials: the trial budget must be >= 1"),
+    "unknown_grid_key": ("grid: {model.d_modle: [16]}\n", "grid.model.d_modle: unknown key"),
+    "unknown_tune_key": ("tune: {train.learning_rate: [1e-3]}\n", "tune.train.learning_rate: unknown key"),
+    "bad_combination": ("grid: {model.d_model: [16, 24], model.n_heads: [2, 3]}\n",
+                        "grid point model.d_model=16, model.n_heads=3: model.n_heads: 3 does not divide"),
+    "bad_value": ("grid: {task.num_kv_pairs: [2, 9]}\n", "grid point task.num_kv_pairs=9: task.vocab_size"),
+    "bad_metric": ("objective: {metric: test/acc}\n", "objective.metric: must be one of"),
+    "range_order": ("tune: {train.lr: {low: 1e-2, high: 1e-4}}\n", "tune.train.lr.high: must be > low"),
+    "zip_rows": ("grid: {'task.seq_len, task.num_kv_pairs': [[16, 2], [32]]}\n", "grid.task.seq_len, "
+                 "task.num_kv_pairs[1]: a zipped axis of 2 keys needs rows of 2 values"),
+    "pruning_key": ("pruning: {median: true, warmup: 2}\n", "pruning.warmup: unknown key"),
+    "axis_not_list": ("grid: {seed: 3}\n", "grid.seed: expected a list"),
+    "bad_base": ("", "base.model.d_model: expected an integer"),
+    "gpu_pinned": ("grid: {train.device: ['cuda:1']}\n", "train.device: a sweep places trials on GPUs itself"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_sweep_files_give_one_line_errors(tmp_path, capsys, case):
+    body, expected = BAD[case]
+    base = BASE.replace("STEPS", "10")
+    if case == "bad_base":
+        base = base.replace("d_model: 16", "d_model: sixteen")
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(base + body)
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    assert err.startswith(f"sandbox: error: {path}: "), err
+    assert expected in err, err
+    assert not (tmp_path / "out").exists()           # nothing ran
+
+
+def test_points_zip_and_sampled_ranges(tmp_path):
+    path = write(tmp_path, """\
+        grid:
+          task.seq_len, task.num_kv_pairs: [[16, 2], [32, 4]]
+          seed: [0, 1]
+        tune:
+          train.lr: {low: 1.0e-4, high: 1.0e-2, log: true, trials: 3}
+          train.weight_decay: [0.0, 0.1]
+        """)
+    spec = load_sweep(path)
+    pts = spec.points()
+    assert len(pts) == 2 * 2 * 2 * 3
+    assert len({p.point_id for p in pts}) == len(pts)
+    for (seq, kv), seed in itertools.product([(16, 2), (32, 4)], [0, 1]):
+        mine = [p for p in pts if (p.grid["task.seq_len"], p.grid["task.num_kv_pairs"], p.grid["seed"]) == (seq, kv, seed)]
+        assert len({p.grid_id for p in mine}) == 1
+        for wd in (0.0, 0.1):
+            lrs = sorted(p.tune["train.lr"] for p in mine if p.tune["train.weight_decay"] == wd)
+            # one value in each third of [1e-4, 1e-2] on a log scale
+            import math
+            slots = sorted(int(3 * (math.log(lr) - math.log(1e-4)) / (math.log(1e-2) - math.log(1e-4))) for lr in lrs)
+            assert slots == [0, 1, 2], lrs
+    assert [p.point_id for p in load_sweep(path).points()] == [p.point_id for p in pts]   # deterministic
+
+
+# ---- PostgreSQL: two launchers (two "machines") share one study ---------------------------------------
+
+PG_URL = os.environ.get("SANDBOX_TEST_POSTGRES", "postgresql://sandbox:sandbox@127.0.0.1:5432/sandbox")
+
+
+def _postgres_reachable() -> str | None:
+    try:
+        import psycopg2
+    except ImportError:
+        return "psycopg2 is not installed (pip install -e .[postgres])"
+    try:
+        psycopg2.connect(PG_URL.replace("postgresql://", "postgresql://", 1), connect_timeout=3).close()
+    except Exception as e:                       # noqa: BLE001 - any connection failure means no server
+        return f"no PostgreSQL at {PG_URL} ({str(e).strip().splitlines()[0]}); run .ci/postgres.sh"
+    return None
+
+
+def test_postgres_two_machines_share_one_study_and_heartbeat_retries(tmp_path):
+    why = _postgres_reachable()
+    if why is not None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI must run the PostgreSQL test: {why}")
+        pytest.skip(why)
+    name = f"pg-{uuid.uuid4().hex[:8]}"
+    path = write(tmp_path, f"""\
+        name: {name}
+        grid:
+          train.steps: [40, 41, 42, 43, 44, 45, 1000]
+        """, eval_every=100)
+    points = load_sweep(path).points()
+    slow = next(p.point_id for p in points if p.grid["train.steps"] == 1000)
+    out = tmp_path / "shared"                # one directory, as on a shared file system
+    args = ("--workers", "1", "--storage", PG_URL, "--heartbeat", "1")
+    procs = {m: subprocess.Popen(sweep_cmd(path, out, *args), env={**ENV, "SANDBOX_SWEEP_HOST": m},
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for m in ("machine-a", "machine-b")}
+
+    def slow_reporting():
+        for t in trials_of(out, PG_URL, name) if (out / "sweep.json").exists() else []:
+            if t.state.name == "RUNNING" and t.user_attrs.get("point_id") == slow and t.last_step is not None:
+                return t
+        return None
+
+    try:
+        # the machine that took the slow trial dies with it (launcher and worker killed -9); the
+        # other one sees no more heartbeats, runs the trial again and finishes the sweep
+        victim = wait_for(slow_reporting, what="the slow trial to report")
+        dead = victim.user_attrs["worker"].split(":")[0]
+        alive = next(m for m in procs if m != dead)
+        os.kill(pid_of(victim), signal.SIGKILL)
+        procs[dead].kill()
+        procs[dead].wait()
+        assert procs[alive].wait(timeout=150) == 0, procs[alive].stdout.read()
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    trials = trials_of(out, PG_URL, name)
+    assert sorted(completed_points(trials)) == sorted(p.point_id for p in points)
+    hosts = {t.user_attrs["worker"].split(":")[0] for t in trials if t.state.name == "COMPLETE"}
+    assert hosts == {"machine-a", "machine-b"}                 # both machines finished trials of the study
+    lost = next(t for t in trials if t.number == victim.number)
+    assert lost.state.name == "FAIL"
+    redo = next(t for t in trials if t.user_attrs.get("retry_of") == victim.number)
+    assert redo.user_attrs["retry_reason"] == f"no heartbeat from {victim.user_attrs['worker']}"
+    assert redo.state.name == "COMPLETE" and redo.user_attrs["worker"].startswith(f"{alive}:")
+    res = json.loads((out / redo.user_attrs["run_dir"] / "result.json").read_text())
+    assert res["steps"] == 1000 and res["history"][0]["step"] == 100   # resumed the dead machine's run
