@@ -7,6 +7,7 @@ Writes into ``RUN_DIR/inspect/`` (or ``out``): ``clustering.png`` (Fig. 2), ``si
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -124,9 +125,16 @@ def _markdown(run, numbers: dict, figs: dict, notes: list[str], batches: int, ba
     cfg, res = run.cfg, run.result or {}
     mixers = cfg.model.layer_mixers()
     acc = res.get("final_accuracy")
+    described = []
+    for m in dict.fromkeys(mixers):                 # name plus the options that differ from its defaults
+        opts = cfg.model.options(m)
+        changed = {k: v for k, v in dataclasses.asdict(opts).items() if v != dataclasses.asdict(type(opts)())[k]} \
+            if dataclasses.is_dataclass(opts) else {}
+        described.append(m + (f" ({', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else ""))
     lines = [f"# inspect: {run.run_dir.name}", "",
-             f"{'+'.join(dict.fromkeys(mixers))}, d_model {cfg.model.d_model}, {cfg.model.n_layers} layers, "
-             f"{cfg.model.n_heads} heads; task {cfg.task.name}; checkpoint step {run.step}"
+             f"{' + '.join(described)}, d_model {cfg.model.d_model}, {cfg.model.n_layers} layers, "
+             f"{cfg.model.n_heads} head{'s' if cfg.model.n_heads > 1 else ''}; task {cfg.task.name}; "
+             f"checkpoint step {run.step}"
              + (f"; test accuracy {acc:.4f}" if acc is not None else "")
              + f". Measured on {batches} test batches of {batch_size}.", "",
              "| layer | mixer | row similarity (mean \\|cos\\|) | signed cos | SV entropy | cluster R² | "
