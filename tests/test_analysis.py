@@ -316,3 +316,24 @@ def test_compare_smoke_and_variant_syntax(tmp_path):
                     log=lambda *_: None)                               # finished runs are reused
     assert [v["values"] for v in again["variants"]] == [a, b]
     assert again["wall_time_s"] < res["wall_time_s"]
+
+
+def test_usage_option_count_from_keys_only_when_routing_picks_key_rows():
+    from sandbox.analysis.report import analyse
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 6, 1, 8, generator=g)
+    idx = logits.topk(2, dim=-1).indices                                  # top-2 of 8 rows
+    keys = torch.zeros_like(logits).scatter_(-1, idx, logits.gather(-1, idx).softmax(-1))
+    values = torch.randn(2, 6, 1, 3, generator=g)
+    partitions = torch.zeros(2, 6, 1, 1, dtype=torch.int64)               # every token to partition 0 of 8 rows
+    mask = torch.zeros(2, 6, 5, dtype=torch.bool)
+    mask[..., 1] = True
+    layers = [{"keys": keys, "values": values, "routing": idx},
+              {"keys": keys, "values": values, "routing": partitions, "routing_blocks": mask,
+               "gates": torch.rand(2, 6, 1, generator=g)}]
+    numbers, panels, notes = analyse(layers, [0, 1])
+    assert numbers[0]["usage"]["routing"]["choices"] == 8                  # rows of the key
+    assert numbers[1]["usage"]["routing"]["choices"] == 1                  # largest index + 1
+    assert numbers[1]["usage"]["routing_blocks"]["choices"] == 5
+    assert numbers[1]["usage"]["routing_blocks"]["max_over_balanced"] == pytest.approx(5.0)
+    assert any("not log-decays" in n for n in notes) and "receptive_field" not in numbers[1]

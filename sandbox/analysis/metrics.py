@@ -90,13 +90,16 @@ def usage(routing: torch.Tensor, n: int | None = None) -> tuple[torch.Tensor, to
     """How often each choice (state row, partition, memory, head) is taken.
 
     ``routing`` is either integer indices ``[B, T, *groups, k]`` (k choices per token; a
-    ``[B, T]`` tensor means one choice per token) or float soft weights ``[B, T, *groups, n]``.
+    ``[B, T]`` tensor means one choice per token) or float soft weights / a boolean selection
+    mask ``[B, T, *groups, n]``.
     Returns ``(use [*groups, n], balanced [*groups, 1])``: for indices, the fraction of tokens
     that select each choice (it sums to k); for weights, the mean weight. ``balanced`` is the
     level every choice has under perfectly even use (k/n), the target of a balance loss.
     """
     if routing.ndim < 2:
         raise ValueError(f"routing: expected [batch, seq, ...], got shape {tuple(routing.shape)}")
+    if routing.dtype == torch.bool:                            # a selection mask: 0/1 weights
+        routing = routing.double()
     if routing.dtype.is_floating_point:
         if routing.ndim < 3:
             raise ValueError("routing: soft weights need a choice dimension, [batch, seq, ..., n]")

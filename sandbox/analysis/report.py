@@ -25,6 +25,17 @@ def _nanmean(t: torch.Tensor) -> float:
     return float(torch.nanmean(t.double())) if t.numel() else float("nan")
 
 
+def _indexes_key_rows(routing: torch.Tensor, keys) -> bool:
+    """True when integer routing picks rows of the keys: keys vanish off the chosen indices
+    (row-sparse top-k). Then the number of options is the key width, not the largest index + 1."""
+    if keys is None or routing.is_floating_point() or routing.dtype == torch.bool:
+        return False
+    if routing.shape[:-1] != keys.shape[:-1] or int(routing.max()) >= keys.shape[-1] or int(routing.min()) < 0:
+        return False
+    chosen = torch.zeros(keys.shape, dtype=torch.bool).scatter_(-1, routing.long(), True)
+    return bool((keys.masked_fill(chosen, 0) == 0).all())
+
+
 def analyse(per_layer: list[dict], layers: list[int], embed: str = "pca", max_points: int = 2000,
             seed: int = 0) -> tuple[dict, dict, list[str]]:
     """Numbers per layer, figure panels, and notes on what was skipped."""
@@ -69,7 +80,9 @@ def analyse(per_layer: list[dict], layers: list[int], embed: str = "pca", max_po
             notes.append(f"layer {l}: no final_state recorded (not a recurrent-state mixer?); "
                          "similarity and entropy skipped")
         # receptive field (Appendix C)
-        if gates is not None and gates.ndim >= 3:
+        if gates is not None and gates.ndim >= 3 and gates.is_floating_point() and bool((gates > 0).any()):
+            notes.append(f"layer {l}: recorded gates are not log-decays (positive values); receptive field skipped")
+        elif gates is not None and gates.ndim >= 3:
             rf = metrics.receptive_field(gates, RF_THRESHOLD)        # [B, T, C]
             last = min(RF_LAST, rf.shape[1])
             per_channel = rf[:, -last:].double().mean((0, 1))
@@ -85,7 +98,7 @@ def analyse(per_layer: list[dict], layers: list[int], embed: str = "pca", max_po
             routing = {"argmax key row (no routing recorded)": metrics.key_rows(keys)[..., None]}
         for name, r in routing.items():
             n = None
-            if not r.is_floating_point() and keys is not None and r.shape[:3] == keys.shape[:3]:
+            if _indexes_key_rows(r, keys):
                 n = keys.shape[-1]                                    # row choices of a head
             try:
                 use, bal = metrics.usage(r, n)
