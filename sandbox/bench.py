@@ -371,7 +371,7 @@ def _fmt(x, w=9, p=3):
 
 
 def run_kernel_bench(check: bool, shapes, out_path, *, gates=("diag", "scalar", "none"), seq_blocks=(64,),
-                     sse=True, torch_ref=True, warm_only=False, profile=True, deadline_s=None) -> dict:
+                     sse=True, torch_ref=True, warm_only=False, profile=True, deadline_s=None, family=True) -> dict:
     """Check (optional), then time every shape; ``deadline_s``: skip what would start after that many seconds."""
     global _WARM_ONLY
     if not torch.cuda.is_available():
@@ -394,7 +394,7 @@ def run_kernel_bench(check: bool, shapes, out_path, *, gates=("diag", "scalar", 
     fla_fn = _fla()
     result["fla"] = fla_fn is not None
     failed = set()
-    if check:
+    if check and family:
         t0 = time.time()
         result["checks"] = family_checks(device)
         for name, c in result["checks"].items():
@@ -486,7 +486,8 @@ def main_kernels(argv=None) -> int:
     p = argparse.ArgumentParser(prog="sandbox bench kernels",
                                 description="Check the Triton kernels against a float64 reference and time them.")
     p.add_argument("--check", action="store_true", help="check every kernel on the GPU first; failing ones are not timed")
-    p.add_argument("--shapes", default=None, help="B,T,H,K;... (V = K); default: the five issue shapes")
+    p.add_argument("--shapes", default=None, help="B,T,H,K;... (V = K), or 'none'; default: the five issue shapes")
+    p.add_argument("--no-family", action="store_true", help="with --check: only the per-shape checks")
     p.add_argument("--gates", default="diag,scalar,none", help="gate kinds to time for the Triton kernel")
     p.add_argument("--seq-blocks", default="64", help="state tile sizes of the sequential kernels to compare")
     p.add_argument("--no-sse", action="store_true", help="skip the SSE varlen case")
@@ -498,7 +499,7 @@ def main_kernels(argv=None) -> int:
     p.add_argument("--deadline", type=float, default=None, help="seconds after which remaining parts are skipped")
     a = p.parse_args(argv)
     try:
-        shapes = _parse_shapes(a.shapes) if a.shapes else DEFAULT_SHAPES
+        shapes = DEFAULT_SHAPES if not a.shapes else ([] if a.shapes == "none" else _parse_shapes(a.shapes))
         gates = tuple(x for x in a.gates.split(",") if x)
         bad = [x for x in gates if x not in ("diag", "scalar", "none")]
         if bad:
@@ -510,7 +511,7 @@ def main_kernels(argv=None) -> int:
     try:
         res = run_kernel_bench(a.check, shapes, a.out, gates=gates, seq_blocks=blocks, sse=not a.no_sse,
                                torch_ref=not a.no_torch, warm_only=a.warm_only, profile=not a.no_profile,
-                               deadline_s=a.deadline)
+                               deadline_s=a.deadline, family=not a.no_family)
     except RuntimeError as e:
         print(f"sandbox bench kernels: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 1
