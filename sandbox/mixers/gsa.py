@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
 from sandbox.kernels import linear_recurrence

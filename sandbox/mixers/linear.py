@@ -187,7 +187,9 @@ class LinearMixer(Mixer):
         p = {"q": feature_map(cfg.feature_map, q), "v": v, "g": None, "beta": None, "dt": None}
         f = None
         if self.gate_proj is not None:
-            f = self.gate_proj(x).view(B, T, H, -1).squeeze(-1) if self.gate_width == H else self.gate_proj(x).view(B, T, H, K)
+            f = self.gate_proj(x).view(B, T, H, -1)
+            if cfg.transition != "diagonal":  # one scalar per head
+                f = f[..., 0]
             p["g"], p["dt"] = self.log_decay(f)
         elif cfg.transition == "constant":
             p["g"] = self.log_gamma.to(x.dtype).expand(B, T, H)
