@@ -376,7 +376,7 @@ def print_summary(console, study, trials, summary, seeds, failures, tm, gpu) -> 
 
 
 def status(sweep_dir: Path, storage_url: str | None) -> int:
-    from sandbox.sweep import load_study, open_storage
+    from sandbox.sweep_study import load_study, open_storage
 
     meta_path = sweep_dir / "sweep.json"
     if not meta_path.is_file():

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.cli import main
-from sandbox.sweep import open_storage
+from sandbox.sweep_study import open_storage
 from sandbox.sweep_spec import load_sweep
 
 BASE = """\
@@ -161,18 +161,45 @@ def test_diverging_and_raising_trials_are_recorded_failed(tmp_path, capsys):
     assert "(0 newly queued)" in r2.stdout and len(trials_of(out)) == 4
 
 
+# ---- pruning ----------------------------------------------------------------------------------------
+
+def test_median_pruning_stops_a_hopeless_lr_within_its_grid_point(tmp_path):
+    # one worker runs the trials in queue order: two good learning rates finish, then the
+    # hopeless one (1e-7) falls below their median at its second evaluation and is stopped
+    path = write(tmp_path, """\
+        name: prune
+        tune:
+          train.lr: [1.0e-2, 3.0e-3, 1.0e-7]
+        pruning: {median: true, warmup_evals: 1, min_trials: 2}
+        """, steps=200, eval_every=50)
+    out = tmp_path / "out"
+    r = run_sweep(path, out, "--workers", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    trials = {t.user_attrs["tune"]["train.lr"]: t for t in trials_of(out)}
+    good = [trials[1e-2], trials[3e-3]]
+    assert [t.state.name for t in good] == ["COMPLETE", "COMPLETE"]
+    bad = trials[1e-7]
+    assert bad.state.name == "PRUNED" and bad.user_attrs["pruned"].startswith("pruned at step")
+    step = bad.last_step
+    assert step == 100 and bad.user_attrs["result"]["steps"] == 100 < 200     # stopped early
+    # reference: its best value so far is below the median (mean of two) of the others at that step
+    others = [max(v for s, v in t.intermediate_values.items() if s <= step) for t in good]
+    assert max(bad.intermediate_values.values()) < sum(others) / 2
+    assert "pruned" in {row["status"] for row in csv.DictReader(open(out / "results.csv"))}
+
+
 # ---- crash safety ---------------------------------------------------------------------------------
 
 def test_interrupt_and_kill_minus_9_then_rerun_completes_every_point_once(tmp_path):
     path = write(tmp_path, """\
         name: crashy
         grid:
-          train.steps: [20, 1500]
+          train.steps: [20, 1000]
           seed: [0, 1]
         """, eval_every=50)
     out = tmp_path / "out"
     expected = sorted(p.point_id for p in load_sweep(path).points())
-    slow = {p.point_id for p in load_sweep(path).points() if p.grid["train.steps"] == 1500}
+    slow = {p.point_id for p in load_sweep(path).points() if p.grid["train.steps"] == 1000}
 
     def running_slow(min_step=0):
         if not (out / "study.journal").exists():
@@ -226,7 +253,7 @@ def test_interrupt_and_kill_minus_9_then_rerun_completes_every_point_once(tmp_pa
     for point in slow:
         dirs = {t.user_attrs["run_dir"] for t in trials if t.user_attrs.get("point_id") == point}
         assert len(dirs) == 1
-        assert json.loads((out / dirs.pop() / "result.json").read_text())["steps"] == 1500
+        assert json.loads((out / dirs.pop() / "result.json").read_text())["steps"] == 1000
 
 
 # ---- validation ------------------------------------------------------------------------------------
