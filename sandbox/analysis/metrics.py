@@ -185,11 +185,11 @@ def tsne_2d(x: torch.Tensor, perplexity: float = 30.0, iters: int = 1000, seed: 
         lo = torch.where(too_flat, mid, lo)
         hi = torch.where(too_flat, hi, mid)
     P = (p + p.T) / (2 * N)
-    P = P.clamp_min(1e-12).masked_fill(eye, 0)
-    y = pca_2d(x)
+    P = P.clamp_min(1e-12).masked_fill(eye, 0).float()          # the descent runs in float32
+    y = pca_2d(x).float()
     y = y / y[:, 0].std().clamp_min(1e-12) * 1e-4
     gen = torch.Generator().manual_seed(seed)
-    y = y + 1e-6 * torch.randn(y.shape, generator=gen, dtype=y.dtype)
+    y = y + 1e-6 * torch.randn(y.shape, generator=gen).to(y.dtype)
     lr = max(N / 12 / 4, 50.0)
     update = torch.zeros_like(y)
     gains = torch.ones_like(y)
@@ -205,4 +205,4 @@ def tsne_2d(x: torch.Tensor, perplexity: float = 30.0, iters: int = 1000, seed: 
         update = (0.5 if it < 250 else 0.8) * update - lr * gains * grad
         y = y + update
         y = y - y.mean(0)
-    return y
+    return y.double()

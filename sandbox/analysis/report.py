@@ -188,7 +188,7 @@ def inspect_run(run_dir, layer: int | None = None, batches: int = 4, batch_size:
     layers = list(range(n_layers)) if layer is None else [layer]
     per_layer, _ = capture(run.model, run.task, batches, batch_size, layers)
     embed = "tsne" if tsne else "pca"
-    numbers, panels, notes = analyse(per_layer, layers, embed=embed, max_points=800 if tsne else 2000,
+    numbers, panels, notes = analyse(per_layer, layers, embed=embed, max_points=600 if tsne else 2000,
                                      seed=run.cfg.seed)
     out_dir = Path(out) if out is not None else run.run_dir / "inspect"
     out_dir.mkdir(parents=True, exist_ok=True)
