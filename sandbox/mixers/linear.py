@@ -188,6 +188,7 @@ class LinearMixer(Mixer):
         f = None
         if self.gate_proj is not None:
             f = self.gate_proj(x).view(B, T, H, -1)
+            f = f.to(torch.promote_types(f.dtype, torch.float32))  # log-decays in >= fp32 under autocast
             if cfg.transition != "diagonal":  # one scalar per head
                 f = f[..., 0]
             p["g"], p["dt"] = self.log_decay(f)
