@@ -124,7 +124,7 @@ def compare(a: str, b: str, seeds: int = 5, task: str = "mqar", sets=(), set_a=(
             vi, seed, cfg, d = runs[i]
             results[i] = _run_one(cfg, d, progress)
             log(f"  {variants[vi][0]} seed {seed}: {metric} {results[i].get(metric) or 0:.4f} "
-                f"({results[i]['status']}, {results[i].get('wall_time_s', 0):.1f} s)")
+                f"({results[i]['status']}, {results[i].get('wall_time_s') or 0:.1f} s)")
     else:
         gpus = None
         ctx = mp.get_context("spawn")
@@ -143,7 +143,7 @@ def compare(a: str, b: str, seeds: int = 5, task: str = "mqar", sets=(), set_a=(
                 results[i] = futures[i].result()
                 vi, seed = runs[i][0], runs[i][1]
                 log(f"  {variants[vi][0]} seed {seed}: {metric} {results[i].get(metric) or 0:.4f} "
-                    f"({results[i]['status']}, {results[i].get('wall_time_s', 0):.1f} s)")
+                    f"({results[i]['status']}, {results[i].get('wall_time_s') or 0:.1f} s)")
     wall = time.perf_counter() - t0
     summary = {"variants": [], "metric": metric, "seeds": seeds, "wall_time_s": round(wall, 2), "out": str(root)}
     values = []
@@ -162,7 +162,7 @@ def compare(a: str, b: str, seeds: int = 5, task: str = "mqar", sets=(), set_a=(
         ci = "n/a (one seed)" if math.isnan(v["ci95"][0]) else f"[{v['ci95'][0]:.4f}, {v['ci95'][1]:.4f}]"
         bad = [s for s in v["statuses"] if s not in DONE]
         log(f"{tag}  {v['label']:<{width}}  {metric} mean {v['mean']:.4f}  95% CI {ci}  "
-            f"seeds: {' '.join(f'{x:.3f}' for x in v['values'])}  state {v['state_size']:,}  "
+            f"seeds: {' '.join(f'{x:.3f}' for x in v['values'])}  state {v['state_size'] or 0:,}  "
             f"train {v['train_time_s'] / len(v['values']):.1f} s/run" + (f"  ({len(bad)} {'/'.join(set(bad))})" if bad else ""))
     if seeds >= 2:
         w = welch_test(values[1], values[0])
