@@ -337,3 +337,17 @@ def test_usage_option_count_from_keys_only_when_routing_picks_key_rows():
     assert numbers[1]["usage"]["routing_blocks"]["choices"] == 5
     assert numbers[1]["usage"]["routing_blocks"]["max_over_balanced"] == pytest.approx(5.0)
     assert any("not log-decays" in n for n in notes) and "receptive_field" not in numbers[1]
+
+
+def test_plot_loss_is_minimised_over_history_and_tuned_keys(tmp_path):
+    from sandbox.analysis.plot_sweep import plot_sweep
+    for h in (1, 2, 4):
+        for lr in (1, 2):
+            run = tmp_path / f"{h}-{lr}"
+            run.mkdir()
+            hist = [{"test/loss": 3.0 / h + lr}, {"test/loss": 2.0 / h + lr}, {"test/loss": 2.5 / h + lr}]
+            (run / "result.json").write_text(json.dumps({"config": {"seed": 0, "model": {"n_heads": h},
+                                                                    "train": {"lr": lr}},
+                                                         "best_accuracy": 0.5, "history": hist}))
+    res = plot_sweep(tmp_path, x="model.n_heads", y="test/loss", log=lambda *_: None)
+    assert {k[0]: v["mean"] for k, v in res["points"].items()} == pytest.approx({1: 3.0, 2: 2.0, 4: 1.5})

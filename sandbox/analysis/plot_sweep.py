@@ -3,7 +3,7 @@
 Rows come from ``SWEEP_DIR/results.csv`` (one row per trial, config keys as dotted columns,
 written by ``sandbox sweep``) or, when that file is absent, from every
 ``SWEEP_DIR/**/result.json`` (the run's config flattened to dotted keys plus its result
-fields; ``test/accuracy`` there means ``best_accuracy``).
+fields; ``test/accuracy`` there means ``best_accuracy``, ``test/loss`` the lowest test loss).
 
 Aggregation, per point of the plot (panel ``--col`` x line ``--hue`` x ``--x`` [x ``--heatmap``]):
 first the best ``--y`` over every other varying config key (the tuned keys, e.g. train.lr;
@@ -25,7 +25,8 @@ RESULT_FIELDS = ("status", "error", "final_accuracy", "best_accuracy", "best_ste
                  "train_time_s", "steps_per_sec", "params", "state_size", "device", "objective")
 Y_ALIASES = {"test/accuracy": ("test/accuracy", "best_accuracy", "objective"),
              "accuracy": ("best_accuracy", "objective"),
-             "test/final_accuracy": ("test/final_accuracy", "final_accuracy")}
+             "test/final_accuracy": ("test/final_accuracy", "final_accuracy"),
+             "test/loss": ("test/loss", "objective")}      # a loss sweep's objective is its test loss
 
 
 def _value(text):
@@ -63,6 +64,8 @@ def load_rows(sweep_dir) -> tuple[list[dict], str]:
         row.update({k: res.get(k) for k in RESULT_FIELDS if k in res})
         row["test/accuracy"] = res.get("best_accuracy")
         row["test/final_accuracy"] = res.get("final_accuracy")
+        losses = [h["test/loss"] for h in res.get("history") or [] if _number(h.get("test/loss")) is not None]
+        row["test/loss"] = min(losses) if losses else None
         row["run_dir"] = str(path.parent)
         rows.append(row)
     if not rows:
@@ -166,7 +169,7 @@ def plot_sweep(sweep_dir, x: str, y: str = "test/accuracy", hue: str | None = No
     rows = _filter(rows, list(where))
     ycol = _resolve_y(rows, y)
     axes = [a for a in (col, hue, heatmap, x) if a]
-    lower = "loss" in ycol
+    lower = "loss" in ycol or "loss" in y
     points, tuned = aggregate(rows, ycol, axes, lower_is_better=lower)
     if not points:
         raise ValueError(f"y: no row has a value for {ycol}")
