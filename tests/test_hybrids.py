@@ -236,6 +236,21 @@ def test_lte_forward_updates_lambda_and_penalty_only_when_training():
     assert m.lam_step.item() == 2 and m.aux_loss() is None
 
 
+def test_lte_dense_steps_keep_everything_while_training():
+    x = torch.randn(2, 40, D, dtype=torch.float64)
+    m = lte(dense_steps=2)
+    _, _, v, qr, kr = qkv_of(m, x)
+    force_scores(m, -60.0)                                  # the CNN evicts everything
+    full = m.finish(naive_attention(qr, kr, v, lambda b, h, i: list(range(i + 1))))
+    m.train()
+    torch.testing.assert_close(m(x), full)
+    torch.testing.assert_close(m(x), full)
+    sparse = m(x)                                           # third training step: scores apply
+    m.eval()
+    torch.testing.assert_close(sparse, m(x))
+    assert (sparse - full).abs().max() > 1e-3
+
+
 def test_lte_config_errors_name_the_field():
     with pytest.raises(ValueError, match="window"):
         LTEConfig(window=12)

@@ -32,6 +32,12 @@ head at the last position; the mean (not the paper's sum) over tokens keeps the 
 scale independent of T. lambda, c_ema and the step counter are buffers updated on the device
 inside ``forward`` when training (no host sync); they are saved with the checkpoint.
 
+``dense_steps`` (not in the paper; 0 by default) keeps every token for the first training steps
+while the scores already learn through eq. 6 and the lambda loop already runs: at init the
+value-gate gradient tends to push all scores down before attention has learned to read far
+tokens, which in short runs can evict everything for good (the authors' code has a similar
+warm-up switch, off in their runs).
+
 Inference with the per-head cap (§3.1.3: circular window + compacted out-of-window segment)
 lives in ``lte_cache.py``; ``use_cache(model)`` switches LTE layers to it.
 """
@@ -61,6 +67,7 @@ class LTEConfig(SWAConfig):
     lambda_init: float = 1e-9  # also the floor below which lambda snaps to 0
     lambda_alpha: float = 1.5  # multiplicative step of lambda (the released config: 1.5 up)
     lambda_every: int = 32  # u: update lambda every u training steps
+    dense_steps: int = 0  # keep every token for the first N training steps (scores still learn); 0 = paper
 
     def __post_init__(self):
         super().__post_init__()
@@ -76,6 +83,8 @@ class LTEConfig(SWAConfig):
             raise ValueError(f"lambda_alpha: must be > 1, got {self.lambda_alpha}")
         if self.lambda_every < 1:
             raise ValueError(f"lambda_every: must be >= 1, got {self.lambda_every}")
+        if self.dense_steps < 0:
+            raise ValueError(f"dense_steps: must be >= 0, got {self.dense_steps}")
 
 
 class RetentionCNN(nn.Module):
@@ -145,6 +154,8 @@ class LearnableTokenEviction(HeadAttention):
         keep = r > 0.5
         if self.training and torch.is_grad_enabled():
             v = _ValueGate.apply(v, r)
+            if self.cfg.dense_steps:
+                keep = keep | (self.lam_step < self.cfg.dense_steps)      # warm-up: nothing evicted
         q, k = self.positional(q, k)
         causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
         mask = sink_window_mask(t, w, s, x.device) | (keep.transpose(1, 2)[:, :, None, :] & causal)
