@@ -41,8 +41,8 @@ class SLA(Mixer):
         core.capture = self.capture  # the base records keys, values, gates, final state here
         p = core.features(x)
         gq, gk = self.gate_q(x).softmax(-1), self.gate_k(x).softmax(-1)  # [B, T, H]
-        p["q"] = p["q"] * gq[..., None]
-        p["v"] = p["v"] * gk[..., None]
+        p["q"] = p["q"] * gq[..., None].to(p["q"].dtype)  # (autocast: softmax is float32)
+        p["v"] = p["v"] * gk[..., None].to(p["v"].dtype)
         for name, key in (("keys", "k"), ("values", "v"), ("gates", "g")):
             if p[key] is not None:
                 self.record(name, p[key])

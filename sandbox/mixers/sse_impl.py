@@ -91,6 +91,13 @@ def partitioned_recurrence(q, k, v, g, beta, routing: Routing, *, shared: dict |
                                                        output_final_state=output_final_state))
 
 
+def _same_dtype(xs):
+    """q and k in v's dtype: under autocast the routing weights (float32) would promote them, and
+    the kernels expect one dtype for q, k and v (the state still accumulates in float32)."""
+    q, k, v, g, beta = xs
+    return [q.to(v.dtype), k.to(v.dtype), v, g, beta]
+
+
 def _masking(q, k, v, g, beta, rt, shared, kw):
     B, T, N = rt.write.shape
     H = q.shape[3]
@@ -102,7 +109,7 @@ def _masking(q, k, v, g, beta, rt, shared, kw):
     if shared is not None:
         xs = [None if a is None else torch.cat([a, shared[n]], dim=2)
               for a, n in zip(xs, ("q", "k", "v", "g", "beta"))]
-    o, S = linear_recurrence(*xs, **kw)
+    o, S = linear_recurrence(*_same_dtype(xs), **kw)
     P = N + (shared is not None)
     o = o.view(B, T, P, H, -1).sum(2)
     return o, None if S is None else S.view(B, P, H, *S.shape[2:])
@@ -129,7 +136,7 @@ def _varlen(q, k, v, g, beta, rt, shared, kw):
               for a, n in zip(xs, ("q", "k", "v", "g", "beta"))]
         bounds.append(L + T * torch.arange(1, B + 1, device=q.device))
     cu = torch.cat(bounds)
-    o, S = linear_recurrence(*[None if a is None else a[None] for a in xs], cu_seqlens=cu, **kw)
+    o, S = linear_recurrence(*[None if a is None else a[None] for a in _same_dtype(xs)], cu_seqlens=cu, **kw)
     out = o.new_zeros(B * T, H, V).index_add(0, b * T + t, o[0, :L])
     out = out.view(B, T, H, V)
     if shared is not None:
