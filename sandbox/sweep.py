@@ -61,11 +61,21 @@ class GpuSampler(threading.Thread):
 
 def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers: int | None = None,
               workers_per_gpu: int | None = None, heartbeat: int | None = None, live: bool | None = None) -> int:
+    import optuna
     from sandbox import sweep_report as report
 
-    import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = report.make_console()
+    gpus = visible_gpus()
+    if workers and workers_per_gpu:
+        raise ValueError("--workers and --workers-per-gpu: give one of them")
+    if gpus:
+        n = workers or (workers_per_gpu or 1) * len(gpus)
+        slots = [gpus[i % len(gpus)] for i in range(n)]
+    else:
+        if workers_per_gpu:
+            raise ValueError("--workers-per-gpu: no GPU is visible here; use --workers N")
+        slots = [None] * (workers or 1)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     # One launcher per journal: it may then treat every RUNNING trial whose worker process is
     # gone as lost. With a shared database several launchers (machines) may share a directory.
@@ -85,17 +95,6 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
     study = load_study(storage, spec.name, spec.fingerprint()["pruning"])
     notes = reap(study, hb)
     added = enqueue_points(study, spec)
-
-    gpus = visible_gpus()
-    if workers and workers_per_gpu:
-        raise ValueError("--workers and --workers-per-gpu: give one of them")
-    if gpus:
-        n = workers or (workers_per_gpu or 1) * len(gpus)
-        slots = [gpus[i % len(gpus)] for i in range(n)]
-    else:
-        if workers_per_gpu:
-            raise ValueError("--workers-per-gpu: no GPU is visible here; use --workers N")
-        slots = [None] * (workers or 1)
     threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, (os.cpu_count() or 1) // len(slots))
     (sweep_dir / "logs").mkdir(exist_ok=True)
     where = f"{len(gpus)} GPU(s) x {len(slots) // len(gpus)}" if gpus else "CPU"
@@ -114,8 +113,9 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                "--parent", str(os.getpid()), "--threads", str(threads)]
         if storage_url:
             cmd += ["--storage", storage_url, "--heartbeat", str(heartbeat or 10)]
-        log = open(sweep_dir / "logs" / f"worker-{slot}.log", "a")
-        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(sweep_dir / "logs" / f"worker-{slot}.log", "a") as log:    # workers get their own session:
+            return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,   # a terminal's Ctrl-C
+                                    start_new_session=True)                             # reaches the launcher only
 
     procs: dict[int, subprocess.Popen] = {}
     crashes, interrupted = 0, False

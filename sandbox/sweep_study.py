@@ -27,8 +27,6 @@ import time
 import warnings
 from pathlib import Path
 
-from pathlib import Path
-
 # machine name recorded on trials (set it where machines share a hostname, e.g. containers)
 HOST = os.environ.get("SANDBOX_SWEEP_HOST") or socket.gethostname()
 MAX_RETRIES = 3          # a point whose worker dies this many times is recorded as failed
@@ -124,7 +122,14 @@ def _requeue_stale(study, trial) -> None:       # RDBStorage's heartbeat-stale c
     requeue(study, trial, f"no heartbeat from {trial.user_attrs.get('worker', 'its worker')}")
 
 
-def _pid_alive(pid: int) -> bool:
+def _worker_alive(pid: int) -> bool:
+    """Is ``pid`` a live sweep worker on this host? (With /proc, a reused pid or a zombie is not.)"""
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if Path("/proc/self").exists():
+        try:
+            return b"sandbox.sweep_worker" in cmdline.read_bytes()
+        except OSError:
+            return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -148,7 +153,7 @@ def reap(study, heartbeat: bool) -> list[str]:
         worker = t.user_attrs.get("worker")
         if worker:
             host, pid, _ = worker.rsplit(":", 2)
-            if host == HOST and not _pid_alive(int(pid)):
+            if host == HOST and not _worker_alive(int(pid)):
                 if requeue(study, t, f"worker {worker} died") is not None:
                     notes.append(f"trial {t.number}: worker {worker} died; requeued")
         elif not heartbeat and t.datetime_start and now - t.datetime_start.timestamp() > REAP_GRACE_S:

@@ -130,22 +130,27 @@ class _Worker:
         except Exception as e:              # any other error is this trial's, not the sweep's
             failure = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         beat.set()
-        if failure is not None:
-            storage.set_trial_user_attr(tid, FINAL_FAIL, failure)
-            _attach_result(storage, tid, self.dir / run_dir)
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            print(f"trial {trial.number} failed: {failure}", flush=True)
-            if "CUDA error" in failure:     # the CUDA context may be broken: let the launcher respawn us
-                return 3
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+        try:
+            if failure is not None:
+                storage.set_trial_user_attr(tid, FINAL_FAIL, failure)
+                _attach_result(storage, tid, self.dir / run_dir)
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                print(f"trial {trial.number} failed: {failure}", flush=True)
+                if "CUDA error" in failure:     # the CUDA context may be broken: let the launcher respawn us
+                    return 3
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                return None
+            _attach_result(storage, tid, self.dir / run_dir, res)
+            if res["status"] == "stopped":
+                storage.set_trial_user_attr(tid, "pruned", res["error"])
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            else:
+                study.tell(trial, objective_value(res["history"], obj["metric"], obj["mode"], obj["direction"]))
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # declared lost meanwhile (e.g. a heartbeat missed during a long stall): its retry counts
+            print(f"trial {trial.number} was declared lost while it ran; its retry counts", flush=True)
             return None
-        _attach_result(storage, tid, self.dir / run_dir, res)
-        if res["status"] == "stopped":
-            storage.set_trial_user_attr(tid, "pruned", res["error"])
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        else:
-            study.tell(trial, objective_value(res["history"], obj["metric"], obj["mode"], obj["direction"]))
         print(f"trial {trial.number} {res['status']} in {res['wall_time_s']:.1f} s", flush=True)
         return None
 
