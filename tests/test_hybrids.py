@@ -3,6 +3,7 @@ the LTE inference cache against the training mask and a plain-Python eviction re
 lambda feedback loop against a scalar transcription of algorithm 1, and hybrid layer patterns."""
 from __future__ import annotations
 
+import ast
 import math
 from pathlib import Path
 
@@ -373,3 +374,23 @@ def test_example_configs_load_and_build(path):
     model = LanguageModel(cfg.model, 600, 256)
     with torch.no_grad():
         assert model(torch.randint(0, 600, (1, 256))).shape == (1, 256, 600)
+
+
+def test_lte_eval_cli_on_longer_sequences(tmp_path, capsys):
+    from sandbox.cli import main
+    from sandbox.config import load_config, to_dict
+    from sandbox.train import build
+    cfg = load_config(data={
+        "task": {"name": "mqar", "seq_len": 48, "num_kv_pairs": 2, "vocab_size": 32, "test_examples": 4},
+        "model": {"mixer": ["gla", "lte"], "d_model": 16, "n_layers": 2, "n_heads": 2,
+                  "lte": {"window": 13, "sinks": 2, "cap": 3}},
+        "train": {"device": "cpu"}})
+    _, model = build(cfg, torch.device("cpu"))
+    torch.save({"model": model.state_dict(), "config": to_dict(cfg)}, tmp_path / "checkpoint.pt")
+    assert main(["lte-eval", str(tmp_path), "--device", "cpu", "--batch-size", "4",
+                 "--set", "task.seq_len=80"]) == 0
+    out = capsys.readouterr().out
+    assert "seq_len 80" in out and "cap 3" in out
+    occupancy = ast.literal_eval(out.split("cache occupancy ")[1].split(" (cap")[0])
+    assert max(occupancy) <= 3
+    assert main(["lte-eval", str(tmp_path), "--set", "model.d_model=8"]) == 2
