@@ -34,6 +34,18 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
+def worker_slots(gpus: list[str], workers: int | None, workers_per_gpu: int | None) -> list[str | None]:
+    """The CUDA_VISIBLE_DEVICES of each worker (None: a CPU worker)."""
+    if workers and workers_per_gpu:
+        raise ValueError("--workers and --workers-per-gpu: give one of them")
+    if not gpus:
+        if workers_per_gpu:
+            raise ValueError("--workers-per-gpu: no GPU is visible here; use --workers N")
+        return [None] * (workers or 1)
+    n = workers or (workers_per_gpu or 1) * len(gpus)
+    return [gpus[i % len(gpus)] for i in range(n)]      # round-robin: GPUs fill evenly
+
+
 class GpuSampler(threading.Thread):
     """Samples ``nvidia-smi`` utilisation every few seconds while the sweep runs."""
 
@@ -67,15 +79,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = report.make_console()
     gpus = visible_gpus()
-    if workers and workers_per_gpu:
-        raise ValueError("--workers and --workers-per-gpu: give one of them")
-    if gpus:
-        n = workers or (workers_per_gpu or 1) * len(gpus)
-        slots = [gpus[i % len(gpus)] for i in range(n)]
-    else:
-        if workers_per_gpu:
-            raise ValueError("--workers-per-gpu: no GPU is visible here; use --workers N")
-        slots = [None] * (workers or 1)
+    slots = worker_slots(gpus, workers, workers_per_gpu)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     # One launcher per journal: it may then treat every RUNNING trial whose worker process is
     # gone as lost. With a shared database several launchers (machines) may share a directory.

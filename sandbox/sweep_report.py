@@ -341,7 +341,10 @@ def write_outputs(sweep_dir: Path, study, trials, *, wall_s=None, since=None, gp
           "## Best per grid point\n", _md_table(summary)]
     if seeds:
         md += ["## Mean ± std over seeds (of the per-point best)\n", _md_table(seeds)]
-    md += ["## Failures\n", _md_table(failures), "## Time (this invocation)\n", _md_table([tm])]
+    md += ["## Failures\n", _md_table(failures), "## Time (this invocation)\n", _md_table([tm]),
+           "The speed-up is the sum of the trials' own wall times over the sweep's wall time. Trials "
+           "that share a GPU each run slower than alone, so it overstates the gain over a sequential "
+           "run; for that baseline, run the same sweep with `--workers 1` (see steps/s in results.csv).\n"]
     if gpu:
         md += ["## GPU utilisation (nvidia-smi samples during this invocation)\n", _md_table(gpu)]
     (sweep_dir / "summary.md").write_text("\n".join(md))

@@ -194,9 +194,13 @@ def prepare_study(spec, storage):
     old = study.user_attrs.get("spec")
     if old is None:
         study.set_user_attr("spec", fp)
-    elif old != fp:
-        a, b = flatten(old), flatten(fp)
-        key = next((k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)), "base")
-        raise ConfigError(spec.source, key, f"differs from the study {spec.name!r} already in this storage "
-                          f"({a.get(key)!r} there, {b.get(key)!r} here); change `name` or the output directory")
+        return study
+    # base keys only one side has are config fields added or removed by a newer sandbox: no change
+    a, b = flatten({"base": old["base"]}), flatten({"base": fp["base"]})
+    a.update(objective=old.get("objective"), pruning=old.get("pruning"))
+    b.update(objective=fp["objective"], pruning=fp["pruning"])
+    for key in sorted(set(a) & set(b)):
+        if a[key] != b[key]:
+            raise ConfigError(spec.source, key, f"differs from the study {spec.name!r} already in this storage "
+                              f"({a[key]!r} there, {b[key]!r} here); change `name` or the output directory")
     return study

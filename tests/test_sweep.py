@@ -256,6 +256,19 @@ def test_interrupt_and_kill_minus_9_then_rerun_completes_every_point_once(tmp_pa
         assert json.loads((out / dirs.pop() / "result.json").read_text())["steps"] == 1000
 
 
+def test_worker_slots_spread_workers_over_visible_gpus():
+    from sandbox.sweep import worker_slots
+    assert worker_slots(["0", "1"], None, 3) == ["0", "1", "0", "1", "0", "1"]
+    assert worker_slots(["2", "5"], None, None) == ["2", "5"]
+    assert worker_slots(["0", "1"], 3, None) == ["0", "1", "0"]
+    assert worker_slots([], 4, None) == [None] * 4
+    assert worker_slots([], None, None) == [None]
+    with pytest.raises(ValueError, match="--workers-per-gpu"):
+        worker_slots([], None, 2)
+    with pytest.raises(ValueError, match="give one of them"):
+        worker_slots(["0"], 2, 2)
+
+
 # ---- validation ------------------------------------------------------------------------------------
 
 BAD = {
