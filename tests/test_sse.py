@@ -249,3 +249,37 @@ def test_config_errors_name_the_field(section, key, overrides):
         load_config(data=BASE, overrides=[("model.mixer", section), (f"model.{section}", overrides)])
     assert err.value.key == f"model.{section}.{key}", str(err.value)
     assert "\n" not in str(err.value)
+
+
+TRITON_CHECK = r"""
+import torch
+from sandbox.mixers import MixerContext
+from sandbox.mixers.sse import SSE, SSEConfig
+ctx = MixerContext(16, 2, 0, 64)
+x = torch.randn(2, 24, 16, generator=torch.Generator().manual_seed(0))
+res = {}
+for kernel, impl in (("torch", "masking"), ("triton", "masking"), ("triton", "varlen")):
+    torch.manual_seed(0)
+    m = SSE(ctx, SSEConfig(n=3, k=1, impl=impl, kernel=kernel))
+    with torch.no_grad():  # partition 2 is never chosen: an empty varlen segment per sequence
+        w = torch.randn(16, generator=torch.Generator().manual_seed(1))
+        m.router.weight.copy_(torch.stack([w, -w, torch.zeros(16)]))
+    xi = x.clone().requires_grad_(True)
+    y = m(xi)
+    y.square().sum().backward()
+    res[impl, kernel] = (y.detach(), xi.grad)
+ref = res["masking", "torch"]
+print(max(max((a - b).abs().max().item() for a, b in zip(v, ref)) for v in res.values()))
+"""
+
+
+def test_triton_kernel_paths_with_an_empty_partition():
+    """Masking and varlen through the Triton kernel (interpreter on CPU) match the torch form."""
+    import os
+    import subprocess
+    import sys
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", TRITON_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert float(out.stdout.strip().splitlines()[-1]) < 1e-4
