@@ -394,3 +394,18 @@ def test_lte_eval_cli_on_longer_sequences(tmp_path, capsys):
     occupancy = ast.literal_eval(out.split("cache occupancy ")[1].split(" (cap")[0])
     assert max(occupancy) <= 3
     assert main(["lte-eval", str(tmp_path), "--set", "model.d_model=8"]) == 2
+
+
+def test_sse_h_pattern_builds_and_backprops():
+    from sandbox.config import load_config
+    from sandbox.model import LanguageModel
+    cfg = load_config(data={
+        "task": {"name": "mqar", "seq_len": 32, "num_kv_pairs": 2, "vocab_size": 32},
+        "model": {"mixer": ["sse"] * 5 + ["attention"], "n_layers": 6, "d_model": 32, "n_heads": 2},
+        "train": {"device": "cpu"}})
+    model = LanguageModel(cfg.model, 32, 32)
+    assert [type(m).mixer_name for m in model.mixers] == ["sse"] * 5 + ["attention"]
+    logits = model(torch.randint(0, 32, (2, 32)))
+    aux = model.aux_loss()
+    (logits.logsumexp(-1).mean() + (aux if aux is not None else 0)).backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.mixers[0].parameters())
