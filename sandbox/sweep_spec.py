@@ -87,6 +87,7 @@ class SweepSpec:
     tune_ranges: dict[str, Range] = field(default_factory=dict)
     objective: Objective = field(default_factory=Objective)
     pruning: Pruning | None = None
+    _points: list[Point] | None = field(default=None, repr=False, compare=False)
 
     @property
     def grid_keys(self) -> list[str]:
@@ -106,7 +107,13 @@ class SweepSpec:
                 "pruning": dict(vars(self.pruning)) if self.pruning else None}
 
     def points(self) -> list[Point]:
-        """All trial points, grid axes varying slowest-last in YAML order."""
+        """All trial points, in YAML order (the last grid axis varies fastest, tuned values
+        vary within a grid point)."""
+        if self._points is None:
+            self._points = self._make_points()
+        return self._points
+
+    def _make_points(self) -> list[Point]:
         out = []
         for combo in itertools.product(*[rows for _, rows in self.axes]):
             grid = {k: v for (keys, _), row in zip(self.axes, combo) for k, v in zip(keys, row)}
