@@ -160,6 +160,7 @@ def test_unselected_partitions_untouched_and_final_state_layout():
     assert keys.shape == (1, 6, m.H, 5 * m.K)
     torch.testing.assert_close(keys[..., : 4 * m.K].sum(-1), torch.ones(1, 6, m.H, dtype=torch.float64))
     assert cap["partition_weights"].shape == (1, 6, 4)
+    assert torch.equal(cap["gates"] != 0, keys != 0), "decay exactly where written (expanded rows)"
 
 
 @pytest.mark.parametrize("row_topk", [None, 2])

@@ -114,8 +114,13 @@ class PartitionedMixer(Mixer):
         v = s["v"][:, :, 0] if s["v"].shape[2] == 1 else s["v"].gather(
             2, top[:, :, None, None, None].expand(B, T, 1, *s["v"].shape[3:]))[:, :, 0]
         self.record("values", v)  # the value written to the top partition
-        if s["g"] is not None:
-            self.record("gates", s["g"][:, :, 0])
+        if s["g"] is not None:  # effective log-decay per expanded row: 0 where not written
+            diag = lambda g, nd: g if g.ndim == nd else g[..., None].expand(*g.shape, self.K)  # noqa: E731
+            g = diag(s["g"], 5).expand(B, T, N, self.H, self.K) * rt.write_mask[..., None, None]
+            g = g.permute(0, 1, 3, 2, 4).reshape(B, T, self.H, N * self.K)
+            if s["shared"] is not None:
+                g = torch.cat([g, diag(s["shared"]["g"], 4)], dim=-1)
+            self.record("gates", g)
         self.record("routing", rt.indices[:, :, None])
         self.record("partition_weights", rt.write)
         self.record("read_weights", rt.read)
