@@ -579,6 +579,10 @@ def chunk_gla(q, k, v, g=None, *, scale=1.0, initial_state=None, output_final_st
         raise ValueError(f"g: shape {tuple(g.shape)} must be [B, T, H] or [B, T, H, K]")
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"cu_seqlens: needs batch size 1, got {B}")
+    if max(q.numel(), v.numel()) >= 2 ** 31:
+        raise ValueError("q, v: tensors of 2**31 elements or more are not supported (32-bit offsets)")
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.to(q.device)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     if initial_state is not None and tuple(initial_state.shape) != (N, H, K, v.shape[-1]):
         raise ValueError(f"initial_state: shape {tuple(initial_state.shape)} must be {(N, H, K, v.shape[-1])}")

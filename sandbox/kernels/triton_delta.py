@@ -219,6 +219,8 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=1.0, initial_state=None, ou
         raise ValueError(f"K, V: the Triton delta rule supports head dims up to 256, got K={K}, V={V}")
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"cu_seqlens: needs batch size 1, got {B}")
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.to(q.device)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     if initial_state is not None and tuple(initial_state.shape) != (N, H, K, V):
         raise ValueError(f"initial_state: shape {tuple(initial_state.shape)} must be {(N, H, K, V)}")
