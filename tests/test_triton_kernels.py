@@ -189,3 +189,19 @@ def test_bench_shapes_argument():
     with pytest.raises(ValueError, match="--shapes"):
         _parse_shapes("64,512,2")
     assert main_kernels(["--shapes", "1,2,x,4"]) == 2
+
+
+def test_bench_check_refuses_wrong_or_nan_kernels():
+    from sandbox.bench import check_recurrence, make_inputs
+    from sandbox.kernels.chunked import chunk_reference
+
+    def scaled(factor):
+        def fn(**kw):
+            o, s = chunk_reference(**kw)
+            return o * factor, s
+        return fn
+
+    inp = make_inputs(1, 20, 1, 8, 8, "scalar", torch.float32, "cpu", h0=True)
+    assert check_recurrence(scaled(1.0), inp, 0.5, 1e-5)["ok"]
+    assert not check_recurrence(scaled(1.01), inp, 0.5, 1e-3)["ok"]
+    assert not check_recurrence(scaled(float("nan")), inp, 0.5, 1e-3)["ok"]
