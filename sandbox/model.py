@@ -67,12 +67,17 @@ class LanguageModel(nn.Module):
     def mixers(self) -> list[Mixer]:
         return [b.mixer for b in self.blocks]
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[B, T, vocab]``, or ``[B, P, vocab]`` at ``positions`` (int64 ``[B, P]``) only:
+        the head is the largest matrix product at an 8192 vocabulary, and recall tasks score
+        a few positions per sequence."""
         x = self.embed(tokens)
         if self.pos is not None:
             x = x + self.pos.weight[: tokens.shape[1]]
         for block in self.blocks:
             x = block(x)
+        if positions is not None:
+            x = x.gather(1, positions[..., None].expand(-1, -1, x.shape[-1]))
         return self.norm(x) @ self.embed.weight.t()
 
     def aux_loss(self) -> torch.Tensor | None:

@@ -61,6 +61,15 @@ def lr_lambda(steps: int, warmup_frac: float) -> Callable[[int], float]:
     return f
 
 
+def scored_positions(targets: torch.Tensor, per_row: int | None):
+    """``(positions [B, P], targets [B, P])`` covering every scored target when a row has at most
+    ``per_row`` of them (``None``: all positions). Fixed shapes, so no host sync."""
+    if per_row is None or per_row >= targets.shape[1]:
+        return None, targets
+    pos = torch.topk((targets != -100).to(torch.float16), per_row, dim=1, sorted=False).indices
+    return pos, targets.gather(1, pos)
+
+
 @torch.no_grad()
 def evaluate(model, task, batch_size: int, autocast) -> dict:
     model.eval()
@@ -68,8 +77,9 @@ def evaluate(model, task, batch_size: int, autocast) -> dict:
     scored = torch.zeros((), device=task.device, dtype=torch.int64)
     loss_sum = torch.zeros((), device=task.device, dtype=torch.float64)
     for x, y in task.test_batches(batch_size):
+        pos, y = scored_positions(y, getattr(task, "max_targets", None))
         with autocast():
-            logits = model(x)
+            logits = model(x, pos)
         mask = y != -100
         correct += ((logits.argmax(-1) == y) & mask).sum()
         scored += mask.sum()
@@ -180,6 +190,7 @@ def train(cfg: RunConfig, out_dir, *, progress: bool = True,
             on_eval(step, metrics)
         return tc.early_stop is not None and acc >= tc.early_stop
 
+    per_row = getattr(task, "max_targets", None)
     title = cfg.name or f"{'+'.join(dict.fromkeys(cfg.model.layer_mixers()))} d{cfg.model.d_model}"
     model.train()
     loss_acc = torch.zeros((), device=device)
@@ -193,8 +204,9 @@ def train(cfg: RunConfig, out_dir, *, progress: bool = True,
             while state["step"] < tc.steps and not stopped:
                 step = state["step"]
                 x, y = task.sample(tc.batch_size, "train", step)
+                pos, y = scored_positions(y, per_row)
                 with autocast():
-                    logits = model(x)
+                    logits = model(x, pos)
                     loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
                     aux = model.aux_loss()
                     total = loss + aux if aux is not None else loss

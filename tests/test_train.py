@@ -67,3 +67,21 @@ def test_quickstart_solves_mqar(tmp_path, capsys):
     assert res["best_accuracy"] >= 0.99, res["best_accuracy"]
     assert res["status"] == "early_stopped"
     assert "test accuracy" in capsys.readouterr().out
+
+
+def test_loss_on_scored_positions_equals_full_logits_loss():
+    import torch.nn.functional as F
+
+    from sandbox.train import build, scored_positions
+
+    cfg = load_config(data=TINY)
+    task, model = build(cfg, torch.device("cpu"))
+    x, y = task.sample(16, "train", 0)
+    full = model(x)
+    pos, ys = scored_positions(y, task.max_targets)
+    assert pos.shape == (16, 2) and (ys != -100).sum() == (y != -100).sum()
+    part = model(x, pos)
+    assert torch.allclose(part, full.gather(1, pos[..., None].expand(-1, -1, full.shape[-1])), atol=1e-6)
+    full_loss = F.cross_entropy(full.flatten(0, 1), y.flatten(), ignore_index=-100)
+    part_loss = F.cross_entropy(part.flatten(0, 1), ys.flatten(), ignore_index=-100)
+    assert torch.allclose(full_loss, part_loss, atol=1e-6)

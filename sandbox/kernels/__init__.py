@@ -43,7 +43,20 @@ def _triton_covers(q, g, beta) -> bool:
     return beta is None or ((g is None or g.dim() == 3) and q.shape[-1] <= 256)
 
 
+def _common_dtype(*xs):
+    """The narrowest float dtype among the inputs (under autocast some projections stay fp32)."""
+    import torch
+
+    for dt in (torch.bfloat16, torch.float16):
+        if any(x.dtype == dt for x in xs):
+            return dt
+    return xs[0].dtype
+
+
 def _triton(q, k, v, g, beta, **kwargs):
+    # tl.dot needs both operands in one dtype: cast once here, autograd casts the gradients back
+    dt = _common_dtype(q, k, v)
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
     if beta is None:
         from sandbox.kernels.triton_chunk import chunk_gla
         return chunk_gla(q, k, v, g, **kwargs)

@@ -558,7 +558,7 @@ class ChunkGLAFunction(torch.autograd.Function):
     def backward(ctx, do, dht):
         q, k, v, g, h0, A, ht, cu_seqlens = ctx.saved_tensors
         need_dh0 = h0 is not None and ctx.needs_input_grad[4]
-        dq, dk, dv, dg, dh0 = _bwd(q, k, v, g, ctx.scale, h0, A, ht, do.contiguous(),
+        dq, dk, dv, dg, dh0 = _bwd(q, k, v, g, ctx.scale, h0, A, ht, do.to(q.dtype).contiguous(),
                                    dht.contiguous() if dht is not None else None, cu_seqlens, need_dh0)
         return dq, dk, dv, dg, dh0, None, None, None
 

@@ -72,6 +72,7 @@ class MQAR:
         self.seq_len = cfg.seq_len
         self.noise_vocab = (cfg.noise_vocab_size or cfg.vocab_size // 2) if cfg.noise else 0
         self.vocab_size = cfg.vocab_size + self.noise_vocab      # what the model must embed
+        self.max_targets = cfg.num_kv_pairs                      # scored positions per example
         self._test_hashes: torch.Tensor | None = None
 
     # ---- generation -------------------------------------------------------------------
