@@ -1,21 +1,24 @@
-# H200 run B: SSE / MoM / SLA table (issue 4), SSE masking vs varlen ms/step, the hybrids
-# table at seq_len 2048 (issue 9), and single-trial baselines for the sweep speed-up (issue 6).
+# H200 run B (after the run A fixes): Zoology attention points (issue 2) and steps/s at
+# (512, 64) batch 128; the linear family table with and without top-k (issue 3, also the
+# many-workers sweep of issue 6); GLA vs top-k GLA state pictures (issue 7).
 source benchmarks/h200/setup.sh
-W=/tmp/work; mkdir -p $W/hybrids
+W=/tmp/work; mkdir -p $W
+python3 - <<'PY'
+import yaml
+base = yaml.safe_load(open("sweeps/foundation_attention.yaml"))["base"]
+base["task"].update(seq_len=512, num_kv_pairs=64)
+base["train"].update(batch_size=128, steps=300, early_stop=None, eval_every=300, lr=1e-3)
+yaml.safe_dump(base, open("/tmp/work/sps.yaml", "w"))
+PY
+timeout 60 python3 -m sandbox.cli train /tmp/work/sps.yaml --out $W/sps --no-progress | tail -2
 T0=$(date +%s)
 pids=()
-timeout 480 python3 -m sandbox.cli sweep sweeps/sse_mixers.yaml --out $W/sse_mixers --workers-per-gpu 9 --no-live > $W/sse.log 2>&1 & pids+=($!)
-for c in configs/hybrids/*.yaml; do
-  n=$(basename $c .yaml)
-  timeout 420 python3 -m sandbox.cli train $c --out $W/hybrids/$n --no-progress > $W/hybrids/$n.log 2>&1 & pids+=($!)
-done
-nvidia-smi dmon -s u -d 5 > $W/dmon.log 2>&1 & dmon=$!
+timeout -s INT 490 python3 -m sandbox.cli sweep sweeps/foundation_attention.yaml --out $W/foundation_attention --workers-per-gpu 3 --no-live > $W/fa.log 2>&1 & pids+=($!)
+timeout -s INT 490 python3 -m sandbox.cli sweep sweeps/linear_family.yaml --out $W/linear_family --workers-per-gpu 6 --no-live > $W/lf.log 2>&1 & pids+=($!)
+timeout -s INT 490 python3 -m sandbox.cli sweep sweeps/linear_family_topk.yaml --out $W/linear_family_topk --workers-per-gpu 6 --no-live > $W/lft.log 2>&1 & pids+=($!)
+timeout 490 python3 benchmarks/inspect_topk.py --steps 3000 --batch-size 256 --lr 2e-3 --out $W/inspect_topk --docs $W/docs > $W/inspect.log 2>&1 & pids+=($!)
 wait "${pids[@]}"
-kill $dmon 2>/dev/null
-echo "training done after $(( $(date +%s) - T0 )) s"
-timeout 60 python3 benchmarks/sse_impl_speed.py > $W/sse_speed.log 2>&1
-timeout 60 python3 benchmarks/hybrids_table.py --out $W/hybrids --no-train > $W/hybrids_table.log 2>&1
-for f in sse sse_speed hybrids_table; do echo "== $f"; tail -30 $W/$f.log; done
-for n in $W/hybrids/*.log; do echo "== $n"; tail -2 $n; done
-awk 'NR>2 && $2 ~ /^[0-9]+$/ {s+=$2; n++} END {if (n) print "mean GPU util (dmon sm%)", s/n, "over", n, "samples"}' $W/dmon.log
+echo "sweeps done after $(( $(date +%s) - T0 )) s"
+for s in foundation_attention linear_family linear_family_topk; do python3 -m sandbox.cli sweep status $W/$s > $W/$s.status 2>&1; done
+for f in fa lf lft inspect; do echo "== $f"; grep -v "^[0-9:]* [0-9]*/[0-9]* finished" $W/$f.log | tail -22 | cut -c1-220; done
 cd $W && tar czf $OUT/run_b.tgz --exclude='*.pt' --exclude='*.journal' . && ls -la $OUT
