@@ -16,7 +16,7 @@ from pathlib import Path
 
 # Modules that contribute subcommands; each defines add_cli(subparsers) and sets
 # `func` on its parser (a function args -> exit code).
-SUBCOMMAND_MODULES: list[str] = ["sandbox.analysis.cli", "sandbox.sweep", "sandbox.mixers.lte_cache"]
+SUBCOMMAND_MODULES: list[str] = ["sandbox.analysis.cli", "sandbox.sweep", "sandbox.mixers.lte_cache", "sandbox.bench"]
 
 
 def _error(msg: str, code: int = 2) -> int:

@@ -1,0 +1,105 @@
+"""Time and profile whole training steps: where does a step's GPU time go?
+
+    python benchmarks/profile_step.py --mixer gla --d-model 256 --seq-len 512 --kv 64 --batch 128 \
+        --impls triton,torch [--profile]
+
+For each kernel impl: ms per training step (task sampling + forward + backward + AdamW, the
+same work as sandbox/train.py) as the median over timed steps, and the ratio against the first
+impl. With --profile, the 15 largest GPU kernels of one step and the share of task sampling.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from sandbox.config import load_config
+from sandbox.train import build, scored_positions
+
+
+def make(args, impl):
+    data = {"task": {"name": "mqar", "seq_len": args.seq_len, "num_kv_pairs": args.kv, "vocab_size": 8192},
+            "model": {"mixer": args.mixer, "d_model": args.d_model, "n_layers": 2, "n_heads": args.heads},
+            "train": {"batch_size": args.batch}}
+    if args.mixer != "attention":
+        data["model"][args.mixer] = {"impl": impl}
+    cfg = load_config(data=data)
+    return build(cfg, torch.device(args.device))
+
+
+def step_fn(task, model, opt, batch, device):
+    auto = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+    def step(i):
+        x, y = task.sample(batch, "train", i)
+        pos, y = scored_positions(y, task.max_targets)
+        with auto:
+            loss = F.cross_entropy(model(x, pos).float().flatten(0, 1), y.flatten(), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mixer", default="gla")
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--kv", type=int, default=64)
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--impls", default="triton,torch")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    results = {}
+    for impl in args.impls.split(","):
+        task, model = make(args, impl)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=device.type == "cuda")
+        step = step_fn(task, model, opt, args.batch, device)
+        for i in range(3):
+            step(i)
+        times = []
+        for i in range(args.steps):
+            sync(device)
+            t = time.perf_counter()
+            step(100 + i)
+            sync(device)
+            times.append(1000 * (time.perf_counter() - t))
+        results[impl] = statistics.median(times)
+        print(f"{args.mixer} d{args.d_model} T{args.seq_len} B{args.batch} impl={impl}: "
+              f"{results[impl]:.2f} ms/step ({1000 / results[impl]:.1f} steps/s)", flush=True)
+        if args.profile and impl == args.impls.split(",")[0]:
+            sync(device)
+            t = time.perf_counter()
+            for i in range(args.steps):
+                task.sample(args.batch, "train", 200 + i)
+            sync(device)
+            print(f"  task sampling alone: {1000 * (time.perf_counter() - t) / args.steps:.2f} ms/batch")
+            acts = [torch.profiler.ProfilerActivity.CPU]
+            if device.type == "cuda":
+                acts.append(torch.profiler.ProfilerActivity.CUDA)
+            with torch.profiler.profile(activities=acts) as prof:
+                for i in range(3):
+                    step(300 + i)
+                sync(device)
+            key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+            print(prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=60))
+    first = args.impls.split(",")[0]
+    for impl, ms in results.items():
+        print(f"ratio {impl}/{first}: {ms / results[first]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
