@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sandbox.tasks.rng import hash32, uniform
+from sandbox.tasks.rng import bits32, derive, row_fingerprint, row_key, uniform
 
 SPLITS = {"train": 1, "test": 2}
 
@@ -81,12 +81,20 @@ class MQAR:
         c, dev = self.cfg, ids.device
         kv, V, T = c.num_kv_pairs, c.vocab_size, c.seq_len
         B = ids.numel()
-        base = (self.seed, SPLITS[split], ids[:, None])
         n_keys, n_vals = V // 2 - 1, V - V // 2
 
-        # distinct keys and values: a random permutation of each vocabulary, first kv entries
-        keys = 1 + _first_k_of_permutation(uniform(*base, 11, torch.arange(n_keys, device=dev)), kv)
-        values = V // 2 + _first_k_of_permutation(uniform(*base, 12, torch.arange(n_vals, device=dev)), kv)
+        base = row_key(ids, self.seed, SPLITS[split])
+
+        def key(stream):
+            return derive(base, stream)
+
+        def random_order(stream, n):
+            return uniform(key(stream), key(stream + 100), torch.arange(n, device=dev))
+
+        # distinct keys and values: the kv smallest of n uniforms pick a uniform random subset
+        # in random order (topk on 52-bit uniforms: no ties in practice, same on every device)
+        keys = 1 + torch.topk(random_order(11, n_keys), kv, dim=1, largest=False).indices
+        values = V // 2 + torch.topk(random_order(12, n_vals), kv, dim=1, largest=False).indices
 
         x = torch.zeros(B, T, dtype=torch.int64, device=dev)
         y = torch.full((B, T), -100, dtype=torch.int64, device=dev)
@@ -94,16 +102,15 @@ class MQAR:
         x[:, 1:2 * kv:2] = values
 
         start = 2 * kv + c.gap + c.noise
-        region = T - start
-        slots = region // 2
+        slots = (T - start) // 2
         if self.noise_vocab:
             pos = torch.arange(2 * kv, T, device=dev)
-            x[:, 2 * kv:] = V + hash32(*base, 13, pos) % self.noise_vocab
+            x[:, 2 * kv:] = V + bits32(key(13), pos) % self.noise_vocab
         # power-law slot choice without replacement: exponential races E_s / p_s, smallest kv win
         s = torch.arange(slots, device=dev, dtype=torch.float64)
         weight = c.power_a * (s + 1) ** (c.power_a - 1)
-        race = -torch.log(uniform(*base, 14, torch.arange(slots, device=dev))) / weight
-        slot = torch.sort(race, dim=1, stable=True).indices[:, :kv]          # slot of key j
+        race = -torch.log(random_order(14, slots)) / weight
+        slot = torch.topk(race, kv, dim=1, largest=False).indices          # slot of key j
         qpos = start + 2 * slot
         x.scatter_(1, qpos, keys)
         y.scatter_(1, qpos, values)
@@ -123,7 +130,7 @@ class MQAR:
                              f"{batch_size} runs past it")
         x, y = self.examples(ids, split)
         if split == "train":
-            clash = torch.isin(row_hash(x), self.test_hashes())
+            clash = torch.isin(row_fingerprint(x), self.test_hashes())
             y = torch.where(clash[:, None], torch.full_like(y, -100), y)
         return x, y
 
@@ -136,17 +143,5 @@ class MQAR:
 
     def test_hashes(self) -> torch.Tensor:
         if self._test_hashes is None:
-            self._test_hashes = torch.cat([row_hash(x) for x, _ in self.test_batches(4096)])
+            self._test_hashes = torch.cat([row_fingerprint(x) for x, _ in self.test_batches(4096)])
         return self._test_hashes
-
-
-def _first_k_of_permutation(u: torch.Tensor, k: int) -> torch.Tensor:
-    return torch.sort(u, dim=-1, stable=True).indices[..., :k]
-
-
-def row_hash(x: torch.Tensor) -> torch.Tensor:
-    """A 62-bit fingerprint per row of an int64 [B, T] tensor (order-sensitive)."""
-    pos = torch.arange(x.shape[1], device=x.device)
-    h1 = (hash32(x, pos, 1).sum(1) & 0x7FFFFFFF)
-    h2 = (hash32(x, pos, 2).sum(1) & 0x7FFFFFFF)
-    return h1 << 31 | h2

@@ -1,9 +1,14 @@
 """A counter-based random generator built from integer tensor ops.
 
-torch's own generators give different streams on CPU and CUDA. Tasks must give
-the same bits for the same (seed, split, index) on any device, so every random
-number here is a hash of its coordinates (seed, stream, example id, position),
-computed with 32-bit mixing inside int64 arithmetic that is exact everywhere.
+torch's own generators give different streams on CPU and CUDA. Tasks must give the same
+bits for the same (seed, split, index) on any device, so every random number here is a
+hash of its coordinates, computed with 32-bit mixing inside int64 arithmetic that is
+exact everywhere.
+
+Cost matters: a training step samples a fresh batch on the GPU, and each int64 op is a
+kernel launch plus a pass over memory. So scalar coordinates (seed, split, stream) are
+hashed in Python, the example id once per row (``row_key``, shape ``[B, 1]``), the
+position once per column, and each element costs one mix of the two.
 """
 from __future__ import annotations
 
@@ -14,8 +19,8 @@ _MUL = 0x45D9F3B          # < 2**31, so a 32-bit value times it stays inside int
 _GOLDEN = 0x9E3779B9
 
 
-def _mix(x: torch.Tensor) -> torch.Tensor:
-    """Bijective avalanche mix of 32-bit values held in int64."""
+def _mix(x):
+    """Bijective avalanche mix of 32-bit values held in int64 (works on Python ints too)."""
     x = x ^ (x >> 16)
     x = (x * _MUL) & _M32
     x = x ^ (x >> 16)
@@ -23,26 +28,41 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def hash32(*coords) -> torch.Tensor:
-    """Hash of broadcastable integer coordinates (ints or int64 tensors) into [0, 2**32)."""
-    h = None
-    for c in coords:
-        c = torch.as_tensor(c, dtype=torch.int64) if not torch.is_tensor(c) else c.to(torch.int64)
-        v = _mix(((c & _M32) + _GOLDEN) & _M32)
-        h = v if h is None else _mix((h ^ v) + _GOLDEN & _M32)
-        # second round decorrelates the high part of long coordinates (example ids beyond 2**32)
-        hi = (c >> 32) & _M32
-        h = _mix(h ^ _mix(hi + 0x7F4A7C15))
+def scalar_key(*ints: int) -> int:
+    """Hash of Python integers (seed, split, stream ...) into [0, 2**32)."""
+    h = 0x2545F491
+    for v in ints:
+        h = _mix(h ^ _mix((v + _GOLDEN) & _M32) ^ _mix(((v >> 32) + 0x7F4A7C15) & _M32))
     return h
 
 
-def uniform(*coords) -> torch.Tensor:
-    """float64 uniforms in (0, 1) with 52 random bits (two hashes), same bits on any device."""
-    a = hash32(*coords, 0x51) >> 6          # 26 bits
-    b = hash32(*coords, 0xA7) >> 6          # 26 bits
+def row_key(ids: torch.Tensor, *scalars: int) -> torch.Tensor:
+    """Per-row key ``[B, 1]`` from int64 example ids ``[B]`` and scalar coordinates."""
+    k = scalar_key(*scalars)
+    h = _mix((ids & _M32) ^ k)
+    return _mix(h ^ ((ids >> 32) + _GOLDEN & _M32))[:, None]
+
+
+def derive(row: torch.Tensor, *scalars: int) -> torch.Tensor:
+    """Another independent row key from a row key (one mix on ``[B, 1]``)."""
+    return _mix(row ^ scalar_key(*scalars))
+
+
+def bits32(row: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """32 random bits per (row, position): ``row`` [B, 1] from ``row_key``, ``pos`` int64 [n]."""
+    return _mix(row ^ _mix((pos + _GOLDEN) & _M32))
+
+
+def uniform(row_a: torch.Tensor, row_b: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """float64 uniforms in (0, 1) with 52 random bits from two independent row keys."""
+    a = bits32(row_a, pos) >> 6          # 26 bits
+    b = bits32(row_b, pos) >> 6          # 26 bits
     return ((a << 26 | b).to(torch.float64) + 0.5) / float(2 ** 52)
 
 
-def randint(low: int, high: int, *coords) -> torch.Tensor:
-    """Integers in [low, high); the modulo bias is below (high - low) / 2**32."""
-    return low + hash32(*coords) % (high - low)
+def row_fingerprint(x: torch.Tensor) -> torch.Tensor:
+    """A 62-bit order-sensitive fingerprint per row of an int64 [B, T] token tensor."""
+    pos = torch.arange(x.shape[1], device=x.device)
+    h1 = _mix((x * 0x9E3779B1 + pos * 0x7FEB352D) & _M32).sum(1) & 0x7FFFFFFF
+    h2 = _mix((x * 0x846CA68B + pos * 0x68E31DA4 + 1) & _M32).sum(1) & 0x7FFFFFFF
+    return h1 << 31 | h2
