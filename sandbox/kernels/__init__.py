@@ -22,7 +22,7 @@ def linear_recurrence(q, k, v, g=None, beta=None, *, scale=1.0, initial_state=No
     kwargs = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                   cu_seqlens=cu_seqlens)
     if impl == "auto":
-        impl = "triton" if _triton_covers(q, g, beta) else "torch"
+        impl = "triton" if _triton_covers(q, v, g, beta) else "torch"
     if impl == "naive":
         return recurrent_reference(q, k, v, g, beta, **kwargs)
     if impl == "torch":
@@ -30,11 +30,15 @@ def linear_recurrence(q, k, v, g=None, beta=None, *, scale=1.0, initial_state=No
     return _triton(q, k, v, g, beta, **kwargs)
 
 
-def _triton_covers(q, g, beta) -> bool:
-    """Whether the Triton kernels handle this case (CUDA, 16/32-bit floats; delta rule: scalar gate, K <= 256)."""
+def _triton_covers(q, v, g, beta) -> bool:
+    """Whether the Triton kernels handle this case: CUDA, 16/32-bit floats, head dims of at least
+    16 (GSA's first pass has 1-wide values: it crashed on the H200), delta rule only with a
+    scalar gate and K <= 256."""
     import torch
 
     if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return False
+    if min(q.shape[-1], v.shape[-1]) < 16:
         return False
     try:
         import triton  # noqa: F401

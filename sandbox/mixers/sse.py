@@ -79,11 +79,11 @@ class PartitionedMixer(Mixer):
         return F.normalize(k, dim=-1) if self.qk_norm else k
 
     def route(self, x) -> Routing:
-        raise NotImplementedError
+        raise NotImplementedError  # abstract: SSE and MoM each route their own way
 
     def streams(self, x, p, routing: Routing) -> dict:
         """q, k, v, g, beta with a partition axis ``[B, T, 1 or N, H, *]`` and ``shared`` (or None)."""
-        raise NotImplementedError
+        raise NotImplementedError  # abstract: SSE and MoM each build their own streams
 
     def forward(self, x):
         cfg = self.cfg
