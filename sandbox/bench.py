@@ -3,10 +3,9 @@
 Entry points: ``main_kernels(argv) -> int`` (argument parsing, for the CLI) and
 ``run_kernel_bench(check, shapes, out_path, ...) -> dict`` (the work).
 
-Check: every kernel family (gate none / scalar / diagonal, with initial and final state, packed
-variable-length segments with empty ones, delta rule, decode) is run on fresh random inputs and
-compared with ``chunk_reference`` (float64, same inputs upcast) by ``|out - ref| / |ref|`` for the
-output, the final state and every gradient.  A kernel that fails (or gives NaN) is not timed.
+Check (``sandbox/kernel_check.py``): every kernel family against the float64 torch reference
+on fresh random inputs, output, final state and every gradient. A kernel that fails (or gives
+NaN) is not timed.
 
 Timing: forward+backward median ms through ``triton.testing.do_bench``, in one process, for the
 Triton kernels, flash-linear-attention's ``chunk_gla`` (when importable), torch SDPA (flash
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -25,156 +23,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from sandbox.kernel_check import TOL, chunk_gla_rec, check_recurrence, family_checks, make_inputs
+
 DEFAULT_SHAPES = [(64, 512, 2, 64), (64, 512, 2, 256), (16, 2048, 2, 256), (8, 4096, 4, 128), (8, 2048, 2, 512)]
-TOL = {torch.float32: 5e-3, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 H200_BW = 4.8e12       # bytes/s, datasheet
 H200_BF16 = 990e12     # FLOP/s dense bf16, datasheet
-
-
-def rel_err(out, ref) -> float:
-    out, ref = out.double(), ref.double()
-    den = ref.norm().item()
-    num = (out - ref).norm().item()
-    return num / den if den > 0 else num
-
-
-def _gate(shape, kind, device, strength=1.0):
-    B, T, H, K = shape
-    if kind == "none":
-        return None
-    gs = (B, T, H) if kind == "scalar" else (B, T, H, K)
-    return F.logsigmoid(torch.randn(gs, device=device) * strength + (2.0 if strength <= 1 else -2.0)) / (
-        16.0 if strength <= 1 else 1.0)
-
-
-def make_inputs(B, T, H, K, V, gate, dtype, device, *, varlen=None, h0=False, strength=1.0, beta=False):
-    """Fresh random inputs.  varlen: list of segment lengths (then B must be 1)."""
-    q = torch.randn(B, T, H, K, device=device).to(dtype)
-    k = (torch.randn(B, T, H, K, device=device) / math.sqrt(K)).to(dtype)
-    if beta:
-        k = F.normalize(k.float(), dim=-1).to(dtype)
-    v = torch.randn(B, T, H, V, device=device).to(dtype)
-    g = _gate((B, T, H, K), gate, device, strength)
-    cu = None
-    N = B
-    if varlen is not None:
-        cu = torch.tensor([0] + list(torch.tensor(varlen).cumsum(0).tolist()), device=device, dtype=torch.int32)
-        N = len(varlen)
-    init = torch.randn(N, H, K, V, device=device) if h0 else None
-    b = torch.rand(B, T, H, device=device).to(dtype) if beta else None
-    return dict(q=q, k=k, v=v, g=g, beta=b, initial_state=init, cu_seqlens=cu)
-
-
-def check_recurrence(fn, inp, scale, tol) -> dict:
-    """Compare fn (a linear_recurrence-like callable) with the float64 chunked reference, forward and backward."""
-    from sandbox.kernels.chunked import chunk_reference
-
-    names = [n for n in ("q", "k", "v", "g", "beta", "initial_state") if inp[n] is not None]
-    mine = {n: inp[n].detach().clone().requires_grad_() for n in names}
-    ref = {n: inp[n].detach().double().requires_grad_() for n in names}
-    cu = inp["cu_seqlens"]
-    o, ht = fn(**{n: mine.get(n) for n in ("q", "k", "v", "g", "beta", "initial_state")}, scale=scale,
-               output_final_state=True, cu_seqlens=cu)
-    ro, rht = chunk_reference(**{n: ref.get(n) for n in ("q", "k", "v", "g", "beta", "initial_state")},
-                              scale=scale, output_final_state=True, cu_seqlens=cu)
-    do = torch.randn_like(ro)
-    dht = torch.randn_like(rht)
-    (o.float() * do.to(o.device).float()).sum().add((ht * dht.float()).sum()).backward()
-    (ro * do).sum().add((rht * dht).sum()).backward()
-    errs = {"o": rel_err(o, ro), "final_state": rel_err(ht, rht)}
-    for n in names:
-        errs["d" + n] = rel_err(mine[n].grad, ref[n].grad) if mine[n].grad is not None else float("nan")
-    ok = all(e <= tol for e in errs.values())  # NaN fails
-    return {"errors": errs, "ok": ok, "tol": tol}
-
-
-def check_decode(dtype, device, K=192, V=160, B=3, H=2) -> dict:
-    """Single-step decode (dense and row-selected, gated and delta rule) against a float64 torch step."""
-    from sandbox.kernels.triton_decode import decode_step
-
-    res = {}
-    for name, gate, beta, rows in [("decode_diag", "diag", False, False), ("decode_scalar_delta", "scalar", True, False),
-                                   ("decode_rows", "diag", False, True)]:
-        q = torch.randn(B, H, K, device=device).to(dtype)
-        k = torch.randn(B, H, K, device=device).to(dtype) / math.sqrt(K)
-        v = torch.randn(B, H, V, device=device).to(dtype)
-        g = F.logsigmoid(torch.randn((B, H, K) if gate == "diag" else (B, H), device=device))
-        b = torch.rand(B, H, device=device) if beta else None
-        S = torch.randn(B, H, K, V, device=device)
-        sel = None
-        if rows:
-            sel = torch.stack([torch.randperm(K, device=device)[:16] for _ in range(B * H)]).view(B, H, 16)
-            mask = torch.zeros(B, H, K, device=device, dtype=torch.bool).scatter_(-1, sel, True)
-            k = k * mask
-            g = g * mask
-        Sd = S.double()
-        dec = g.double().exp()
-        Sd = Sd * (dec[..., None] if dec.dim() == 3 else dec[..., None, None])
-        if beta:
-            u = v.double() - torch.einsum("bhk,bhkv->bhv", k.double(), Sd)
-            Sd = Sd + b.double()[..., None, None] * k.double()[..., None] * u[..., None, :]
-        else:
-            Sd = Sd + k.double()[..., None] * v.double()[..., None, :]
-        od = 0.5 * torch.einsum("bhk,bhkv->bhv", q.double(), Sd)
-        S2 = S.clone()
-        o = decode_step(q, k, v, S2, g=g, beta=b, scale=0.5, rows=sel)
-        errs = {"o": rel_err(o, od), "state": rel_err(S2, Sd)}
-        if rows:  # untouched rows must stay bit-identical
-            untouched = ~torch.zeros(B, H, K, device=device, dtype=torch.bool).scatter_(-1, sel, True)
-            errs["untouched_rows_changed"] = float((S2 != S)[untouched].any().item())
-        ok = all(e <= TOL[dtype] for e in errs.values())
-        res[f"{name}_{str(dtype)[6:]}"] = {"errors": errs, "ok": ok, "tol": TOL[dtype]}
-    return res
-
-
-def _family_cases(dtype):
-    """(name, kernel, make_inputs args, make_inputs kwargs, scale) of every family check at one dtype."""
-    dn = str(dtype)[6:]
-    cases = []
-    sizes = ((128, 128), (512, 512)) if dtype == torch.bfloat16 else ((64, 64),)
-    for gate in ("none", "scalar", "diag"):
-        for K, V in sizes:
-            cases.append((f"gla_{gate}_K{K}_V{V}_{dn}", chunk_gla_rec, (2, 333, 2, K, V, gate), dict(h0=True), K ** -0.5))
-    cases += [
-        (f"gla_diag_strong_decay_{dn}", chunk_gla_rec, (2, 200, 2, 64, 64, "diag"), dict(h0=True, strength=4.0), 0.125),
-        (f"gla_diag_varlen_{dn}", chunk_gla_rec, (1, 600, 2, 100, 72, "diag"),
-         dict(h0=True, varlen=[130, 0, 64, 1, 0, 305, 100]), 0.1),
-        (f"gla_scalar_varlen_{dn}", chunk_gla_rec, (1, 600, 3, 64, 64, "scalar"),
-         dict(h0=False, varlen=[0, 300, 299, 1]), 0.1)]
-    for gate, K in (("none", 64), ("scalar", 128), ("scalar", 256)):
-        cases.append((f"delta_{gate}_K{K}_{dn}", delta_rec, (2, 333, 2, K, K, gate), dict(h0=True, beta=True), K ** -0.5))
-    cases.append((f"delta_scalar_varlen_{dn}", delta_rec, (1, 400, 2, 128, 128, "scalar"),
-                  dict(h0=True, beta=True, varlen=[100, 0, 299, 1]), 0.1))
-    return cases
-
-
-def family_checks(device) -> dict:
-    """Small-but-real cases for each kernel family, bf16 and fp32 inputs; a kernel that raises fails its check."""
-    out = {}
-    for dtype in (torch.bfloat16, torch.float32):
-        for name, fn, args, kw, scale in _family_cases(dtype):
-            try:
-                inp = make_inputs(*args, dtype, device, **kw)
-                out[name] = check_recurrence(fn, inp, scale, TOL[dtype])
-            except Exception as e:
-                out[name] = {"errors": {"raised": float("nan")}, "ok": False, "tol": TOL[dtype],
-                             "exception": f"{type(e).__name__}: {str(e)[:300]}"}
-        try:
-            out.update(check_decode(dtype, device))
-        except Exception as e:
-            out[f"decode_{str(dtype)[6:]}"] = {"errors": {"raised": float("nan")}, "ok": False, "tol": TOL[dtype],
-                                               "exception": f"{type(e).__name__}: {str(e)[:300]}"}
-    return out
-
-
-def chunk_gla_rec(q, k, v, g=None, beta=None, **kw):
-    from sandbox.kernels.triton_chunk import chunk_gla
-    return chunk_gla(q, k, v, g, **kw)
-
-
-def delta_rec(q, k, v, g=None, beta=None, **kw):
-    from sandbox.kernels.triton_delta import chunk_delta_rule
-    return chunk_delta_rule(q, k, v, beta, g, **kw)
 
 
 def _fla():
