@@ -80,8 +80,9 @@ def test_fig8_topk_is_a_quarter_of_the_key_rows_for_every_width_and_setting():
     gaps = {x[4] for x in seen if x[3] == "gap"}
     noises = {x[4] for x in seen if x[3] == "noise"}
     assert len(gaps) >= 2 and noises and 0 not in gaps
-    want = {(m, d, on, "gap", g, s) for m, d, on, g, s in itertools.product(mixers, widths, (False, True), gaps, range(3))}
-    want |= {(m, d, on, "noise", n, s) for m, d, on, n, s in itertools.product(mixers, widths, (False, True), noises, range(3))}
+    settings = [("gap", g) for g in gaps] + [("noise", n) for n in noises]
+    want = {(m, d, on, kind, length, s) for m, d, on, (kind, length), s
+            in itertools.product(mixers, widths, (False, True), settings, range(3))}
     assert seen == want
 
 
@@ -135,4 +136,5 @@ def test_zoology_grid_is_the_classic_one_for_five_models():
     assert [round(math.log10(x), 2) for x in lrs] == pytest.approx([-4, -10 / 3, -8 / 3, -2], abs=0.01)
     tasks = [(64, 4), (128, 8), (256, 16), (512, 64)]
     models = ["attention", "gla", "gla_topk", "sse", "gated_deltanet"]
-    assert seen == {(T, kv, d, m, lr) for (T, kv), d, m, lr in itertools.product(tasks, (64, 128, 256, 512), models, lrs)}
+    widths = (64, 128, 256, 512)
+    assert seen == {(T, kv, d, m, lr) for (T, kv), d, m, lr in itertools.product(tasks, widths, models, lrs)}
