@@ -90,12 +90,14 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
     except BlockingIOError:
         raise ValueError(f"{sweep_dir}: another `sandbox sweep` is running here "
                          f"(see `sandbox sweep status {sweep_dir}`)") from None
+    # sweep.json first: `sandbox sweep status` (and anything polling the directory) finds the
+    # study name as soon as the journal exists
+    (sweep_dir / "sweep.json").write_text(json.dumps({"study": spec.name, "source": str(spec.source),
+                                                      "storage": _public_url(storage_url) if storage_url else None}))
     storage = open_storage(sweep_dir, storage_url, heartbeat)
     hb = uses_heartbeat(storage)
     prepare_study(spec, storage)
     shutil.copyfile(spec.source, sweep_dir / "sweep.yaml")
-    (sweep_dir / "sweep.json").write_text(json.dumps({"study": spec.name, "source": str(spec.source),
-                                                      "storage": _public_url(storage_url) if storage_url else None}))
     study = load_study(storage, spec.name, spec.fingerprint()["pruning"])
     notes = reap(study, hb)
     added = enqueue_points(study, spec)

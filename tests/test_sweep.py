@@ -62,7 +62,7 @@ def completed_points(trials) -> list[str]:
     return [t.user_attrs["point_id"] for t in trials if t.state.name == "COMPLETE"]
 
 
-def wait_for(pred, timeout=120, what="condition"):
+def wait_for(pred, timeout=300, what="condition"):
     t0 = time.time()
     while time.time() - t0 < timeout:
         v = pred()
@@ -202,9 +202,13 @@ def test_interrupt_and_kill_minus_9_then_rerun_completes_every_point_once(tmp_pa
     slow = {p.point_id for p in load_sweep(path).points() if p.grid["train.steps"] == 1000}
 
     def running_slow(min_step=0):
-        if not (out / "study.journal").exists():
+        if not (out / "study.journal").exists() or not (out / "sweep.json").exists():
             return None
-        for t in trials_of(out):
+        try:
+            trials = trials_of(out)
+        except KeyError:                      # the journal exists, the study is not created yet
+            return None
+        for t in trials:
             if (t.state.name == "RUNNING" and t.user_attrs.get("point_id") in slow and "worker" in t.user_attrs
                     and t.last_step is not None and t.last_step > min_step):
                 return t
@@ -373,7 +377,11 @@ def test_postgres_two_machines_share_one_study_and_heartbeat_retries(tmp_path):
              for m in ("machine-a", "machine-b")}
 
     def slow_reporting():
-        for t in trials_of(out, PG_URL, name) if (out / "sweep.json").exists() else []:
+        try:
+            trials = trials_of(out, PG_URL, name) if (out / "sweep.json").exists() else []
+        except KeyError:                      # the study is not created yet
+            return None
+        for t in trials:
             if t.state.name == "RUNNING" and t.user_attrs.get("point_id") == slow and t.last_step is not None:
                 return t
         return None
