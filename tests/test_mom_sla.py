@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from sandbox.mixers import MixerContext, build_mixer, mixer_config_class
 from sandbox.mixers.mom import MoM, MoMConfig
 from sandbox.mixers.sla import SLA, SLAConfig
+from grads import run
 
 CTX = MixerContext(d_model=16, n_heads=2, layer_idx=0, max_seq_len=128)
 CTX1 = MixerContext(d_model=16, n_heads=1, layer_idx=0, max_seq_len=128)
@@ -17,14 +18,6 @@ def inputs(B=2, T=40, seed=1):
     gen = torch.Generator().manual_seed(seed)
     return (torch.randn(B, T, CTX.d_model, dtype=torch.float64, generator=gen),
             torch.randn(B, T, CTX.d_model, dtype=torch.float64, generator=gen))
-
-
-def run(m, x, w, fn=None):
-    xi = x.clone().requires_grad_(True)
-    m.zero_grad()
-    y = m(xi) if fn is None else fn(m, xi)
-    (y * w).sum().backward()
-    return y.detach(), xi.grad, {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
 
 
 def base(name, ctx=CTX, seed=0):

@@ -11,6 +11,8 @@ from sandbox.mixers.linear import GatedDeltaNetConfig, GLAConfig
 from sandbox.mixers.sse import SSE, SSEConfig
 from sandbox.mixers.sse_impl import VARLEN_MIN_LEN, resolve_impl
 
+from grads import run
+
 CTX = MixerContext(d_model=16, n_heads=2, layer_idx=0, max_seq_len=128)  # gla: K=4, V=8; gdn: K=8, V=16
 
 CASES = {
@@ -96,14 +98,6 @@ def naive_sse(m: SSE, x):
             outs.append(core.scale * o)
     o = torch.stack(outs).view(B, T, H, V)
     return core.finish(o, x, p)
-
-
-def run(m, x, w, fn=None):
-    xi = x.clone().requires_grad_(True)
-    m.zero_grad()
-    y = m(xi) if fn is None else fn(m, xi)
-    (y * w).sum().backward()
-    return y.detach(), xi.grad, {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
 
 
 def inputs(B=2, T=70, seed=1):
