@@ -26,7 +26,7 @@ def make(args, impl):
             "train": {"batch_size": args.batch}}
     if args.mixer != "attention":
         data["model"][args.mixer] = {"impl": impl}
-    cfg = load_config(data=data)
+    cfg = load_config(data=data, overrides=args.set)
     return build(cfg, torch.device(args.device))
 
 
@@ -60,6 +60,8 @@ def main():
     p.add_argument("--impls", default="triton,torch")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override, e.g. --set model.gla.topk=16 (repeatable)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
     device = torch.device(args.device)
@@ -78,7 +80,8 @@ def main():
             sync(device)
             times.append(1000 * (time.perf_counter() - t))
         results[impl] = statistics.median(times)
-        print(f"{args.mixer} d{args.d_model} T{args.seq_len} B{args.batch} impl={impl}: "
+        tag = " ".join(args.set)
+        print(f"{args.mixer} {tag} d{args.d_model} T{args.seq_len} B{args.batch} impl={impl}: "
               f"{results[impl]:.2f} ms/step ({1000 / results[impl]:.1f} steps/s)", flush=True)
         if args.profile and impl == args.impls.split(",")[0]:
             sync(device)
