@@ -16,8 +16,9 @@ for kw in [dict(seq_len=256, num_kv_pairs=16), dict(seq_len=512, num_kv_pairs=64
         xa, ya = a.sample(128, split, idx); xb, yb = b.sample(128, split, idx)
         print(kw, split, idx, "identical:", torch.equal(xa, xb.cpu()) and torch.equal(ya, yb.cpu()))
 PY
-timeout 150 python3 benchmarks/profile_step.py --mixer gla --d-model 256 --seq-len 512 --kv 64 --batch 128 --impls triton,torch --profile > $G/profile_gla.txt 2>&1; grep -E "ms/step|sampling|ratio|Self CUDA time" $G/profile_gla.txt
-timeout 60 python3 benchmarks/profile_step.py --mixer gla --d-model 128 --seq-len 256 --kv 16 --batch 256 --impls triton --profile > $G/profile_gla_small.txt 2>&1; grep -E "ms/step|sampling|Self CUDA time" $G/profile_gla_small.txt
-for n in 1 4 16; do timeout 90 python3 benchmarks/sse_impl_speed.py --n $n --k 1 --seq-lens 512,4096 2>&1 | tee $G/sse_speed_n$n.txt | tail -4; done
-timeout 200 python3 -m sandbox.cli bench kernels --check --no-fla --deadline 170 --out $G/bench.json > $G/bench.txt 2>&1; tail -30 $G/bench.txt
+timeout 120 python3 benchmarks/profile_step.py --mixer gla --d-model 256 --seq-len 512 --kv 64 --batch 128 --impls triton,torch --profile > $G/profile_gla.txt 2>&1; grep -E "ms/step|sampling|ratio|Self CUDA time" $G/profile_gla.txt
+timeout 45 python3 benchmarks/profile_step.py --mixer gla --d-model 128 --seq-len 256 --kv 16 --batch 256 --impls triton --profile > $G/profile_gla_small.txt 2>&1; grep -E "ms/step|sampling|Self CUDA time" $G/profile_gla_small.txt
+timeout 60 python3 benchmarks/sse_impl_speed.py --n 4 --k 1 --seq-lens 512,4096 2>&1 | tee $G/sse_speed_n4.txt | tail -4
+for n in 1 16; do timeout 50 python3 benchmarks/sse_impl_speed.py --n $n --k 1 --seq-lens 4096 2>&1 | tee $G/sse_speed_n$n.txt | tail -3; done
+timeout 150 python3 -m sandbox.cli bench kernels --check --no-fla --deadline 120 --out $G/bench.json > $G/bench.txt 2>&1; tail -30 $G/bench.txt
 bash benchmarks/h200/s2_collect.sh 0
