@@ -9,7 +9,7 @@ from sandbox.config import ConfigError, load_config
 from sandbox.mixers import MixerContext, build_mixer
 from sandbox.mixers.linear import GatedDeltaNetConfig, GLAConfig
 from sandbox.mixers.sse import SSE, SSEConfig
-from sandbox.mixers.sse_impl import VARLEN_MIN_LEN, resolve_impl
+from sandbox.mixers.sse_impl import VARLEN_MIN_LEN, VARLEN_MIN_PARTITIONS, resolve_impl
 
 from grads import run
 
@@ -206,10 +206,12 @@ def test_balance_loss_closed_form():
     torch.testing.assert_close(m.aux_loss(), 0.5 * 4 / 2 * (f * P).sum())
 
 
-def test_auto_impl_by_length():
-    assert resolve_impl("auto", VARLEN_MIN_LEN - 1) == "masking"
-    assert resolve_impl("auto", VARLEN_MIN_LEN) == "varlen"
-    assert resolve_impl("masking", 10 ** 6) == "masking"
+def test_auto_impl_by_length_and_partitions():
+    n = VARLEN_MIN_PARTITIONS
+    assert resolve_impl("auto", VARLEN_MIN_LEN - 1, n) == "masking"
+    assert resolve_impl("auto", VARLEN_MIN_LEN, n) == "varlen"
+    assert resolve_impl("auto", VARLEN_MIN_LEN, n - 1) == "masking"
+    assert resolve_impl("masking", 10 ** 6, 64) == "masking"
 
 
 def test_model_trains_a_step_with_aux_loss():

@@ -92,7 +92,7 @@ class PartitionedMixer(Mixer):
         s = self.streams(x, p, rt)
         capture = self.capture is not None
         o, S = partitioned_recurrence(s["q"], s["k"], s["v"], s["g"], s["beta"], rt, shared=s["shared"],
-                                      impl=resolve_impl(cfg.impl, x.shape[1]), kernel=cfg.kernel,
+                                      impl=resolve_impl(cfg.impl, x.shape[1], cfg.n), kernel=cfg.kernel,
                                       scale=self.core.scale, output_final_state=capture)
         self._aux = None
         if cfg.balance_alpha > 0:
@@ -149,7 +149,7 @@ class SSEConfig:
     transition: Transition = "gla"
     expand_k: float | None = None  # null: the base's (gla 0.5, gated_deltanet 1.0)
     expand_v: float | None = None  # null: the base's (gla 1.0, gated_deltanet 2.0)
-    impl: PartitionImpl = "auto"  # masking | varlen | auto (varlen from seq_len 1024 on)
+    impl: PartitionImpl = "auto"  # masking | varlen | auto (varlen from seq_len 2048 with n >= 10)
     kernel: Kernel = "auto"  # linear_recurrence impl
 
     def __post_init__(self):

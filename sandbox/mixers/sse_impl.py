@@ -27,7 +27,12 @@ import torch
 from sandbox.kernels import linear_recurrence
 
 PARTITION_IMPLS = ("auto", "masking", "varlen")
-VARLEN_MIN_LEN = 1024  # impl "auto": varlen from this sequence length on (SSE paper, Fig. 6)
+# impl "auto" picks varlen only for long sequences over many partitions. Measured on an H200
+# (2-layer SSE, d_model 128, batch 8, k 1; results/h200-2026-11-21/sse_speed_n*.txt): masking
+# costs ~14.5 + 1.25 n ms/step at T 4096 while varlen stays at ~25-30 ms, so varlen wins from
+# about n = 10 there (n 16: 26.4 vs 34.3 ms) and loses at n 4 (30.1 vs 22.2 ms; at T 512 28.7 vs 17.3).
+VARLEN_MIN_LEN = 2048
+VARLEN_MIN_PARTITIONS = 10
 
 
 @dataclass
@@ -149,7 +154,8 @@ def _varlen(q, k, v, g, beta, rt, shared, kw):
     return out, S
 
 
-def resolve_impl(impl: str, seq_len: int) -> str:
+def resolve_impl(impl: str, seq_len: int, partitions: int) -> str:
     if impl == "auto":
-        return "varlen" if seq_len >= VARLEN_MIN_LEN else "masking"
+        long_and_wide = seq_len >= VARLEN_MIN_LEN and partitions >= VARLEN_MIN_PARTITIONS
+        return "varlen" if long_and_wide else "masking"
     return impl
