@@ -47,17 +47,19 @@ def worker_slots(gpus: list[str], workers: int | None, workers_per_gpu: int | No
 
 
 class GpuSampler(threading.Thread):
-    """Samples ``nvidia-smi`` utilisation every few seconds while the sweep runs."""
+    """Samples ``nvidia-smi`` utilisation every few seconds while the sweep runs, on the sweep's
+    own GPUs where CUDA_VISIBLE_DEVICES names them by index (others may run other work)."""
 
-    def __init__(self, period: float = 2.0):
+    def __init__(self, gpus: list[str] = (), period: float = 2.0):
         super().__init__(daemon=True)
         self.period, self.samples, self.done = period, [], threading.Event()
         self.enabled = shutil.which("nvidia-smi") is not None
+        self.select = ["-i", ",".join(gpus)] if gpus and all(g.isdigit() for g in gpus) else []
 
     def run(self):
         while self.enabled and not self.done.wait(self.period):
             try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
+                out = subprocess.run(["nvidia-smi", *self.select, "--query-gpu=index,utilization.gpu,memory.used",
                                       "--format=csv,noheader,nounits"], capture_output=True, text=True,
                                      timeout=10).stdout
                 self.samples.append({int(i): (float(u), float(m)) for i, u, m in
@@ -126,7 +128,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
     procs: dict[int, subprocess.Popen] = {}
     crashes, interrupted = 0, False
     t0 = time.time()
-    sampler = GpuSampler()
+    sampler = GpuSampler(gpus)
     sampler.start()
     board = report.Board(console, spec.name, t0, live, spec.objective.direction)
     try:
