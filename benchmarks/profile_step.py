@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from sandbox.config import load_config
+from sandbox.tasks import TrainBatches
 from sandbox.train import build, scored_positions
 
 
@@ -33,8 +34,10 @@ def make(args, impl):
 def step_fn(task, model, opt, batch, device):
     auto = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
+    batches = TrainBatches(task, batch)      # as sandbox/train.py samples
+
     def step(i):
-        x, y = task.sample(batch, "train", i)
+        x, y = batches[i]
         pos, y = scored_positions(y, task.max_targets)
         with auto:
             loss = F.cross_entropy(model(x, pos).float().flatten(0, 1), y.flatten(), ignore_index=-100)
@@ -86,10 +89,12 @@ def main():
         if args.profile and impl == args.impls.split(",")[0]:
             sync(device)
             t = time.perf_counter()
+            batches = TrainBatches(task, args.batch)
             for i in range(args.steps):
-                task.sample(args.batch, "train", 200 + i)
+                batches[200 + i]
             sync(device)
-            print(f"  task sampling alone: {1000 * (time.perf_counter() - t) / args.steps:.2f} ms/batch")
+            print(f"  task sampling alone: {1000 * (time.perf_counter() - t) / args.steps:.2f} ms/batch "
+                  f"({batches.ahead} batches per generator call)")
             acts = [torch.profiler.ProfilerActivity.CPU]
             if device.type == "cuda":
                 acts.append(torch.profiler.ProfilerActivity.CUDA)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from sandbox.config import RunConfig, flatten, to_dict
 from sandbox.model import LanguageModel
-from sandbox.tasks import make_task
+from sandbox.tasks import TrainBatches, make_task
 
 
 class TrainingDiverged(RuntimeError):
@@ -191,6 +191,7 @@ def train(cfg: RunConfig, out_dir, *, progress: bool = True,
         return tc.early_stop is not None and acc >= tc.early_stop
 
     per_row = getattr(task, "max_targets", None)
+    batches = TrainBatches(task, tc.batch_size)
     title = cfg.name or f"{'+'.join(dict.fromkeys(cfg.model.layer_mixers()))} d{cfg.model.d_model}"
     model.train()
     loss_acc = torch.zeros((), device=device)
@@ -203,7 +204,7 @@ def train(cfg: RunConfig, out_dir, *, progress: bool = True,
             bar_task = bar.add_task("train", total=tc.steps, completed=state["step"], info="")
             while state["step"] < tc.steps and not stopped:
                 step = state["step"]
-                x, y = task.sample(tc.batch_size, "train", step)
+                x, y = batches[step]
                 pos, y = scored_positions(y, per_row)
                 with autocast():
                     logits = model(x, pos)

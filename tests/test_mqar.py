@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from sandbox.tasks import make_task
+from sandbox.tasks import TrainBatches, make_task
 
 
 def _check_example(x, y, kv, V, gap=0, noise=0, noise_vocab=0):
@@ -65,6 +65,23 @@ def test_same_seed_split_index_gives_same_bits_and_batches_tile():
     assert not torch.equal(a.sample(8, "train", 4)[0], x1)
     assert not torch.equal(make_task("mqar", seq_len=64, num_kv_pairs=4, vocab_size=128, seed=2)
                            .sample(8, "train", 3)[0], x1)
+
+
+@pytest.mark.parametrize("kw", [dict(seq_len=40, num_kv_pairs=2, vocab_size=8, noise=8),
+                                dict(seq_len=8, num_kv_pairs=2, vocab_size=8)])
+def test_blocks_of_batches_equal_batches_one_by_one(kw):
+    # the second task is so small that many training rows equal a test row (unscored)
+    task = make_task("mqar", test_examples=64, seed=5, **kw)
+    single = [task.sample(6, "train", i) for i in range(2, 13)]
+    x, y = task.sample(6, "train", 2, count=11)
+    assert torch.equal(x, torch.cat([s[0] for s in single])) and torch.equal(y, torch.cat([s[1] for s in single]))
+    batches = TrainBatches(task, 6, max_ahead=4)
+    assert batches.ahead == 4
+    for step in [2, 3, 4, 5, 6, 3, 12, 7, 8]:          # forward, back (a resume), skip ahead
+        got = batches[step]
+        assert torch.equal(got[0], single[step - 2][0]) and torch.equal(got[1], single[step - 2][1])
+    if kw["seq_len"] == 8:
+        assert (y == -100).all(1).sum() > 5
 
 
 def test_power_law_favours_early_query_slots():

@@ -73,6 +73,9 @@ class MQAR:
         self.noise_vocab = (cfg.noise_vocab_size or cfg.vocab_size // 2) if cfg.noise else 0
         self.vocab_size = cfg.vocab_size + self.noise_vocab      # what the model must embed
         self.max_targets = cfg.num_kv_pairs                      # scored positions per example
+        # rows one generator call should make at most: its largest temporaries are
+        # [rows, max(seq_len, V/2)] float64/int64, kept near 32 MB each
+        self.rows_per_call = max(1, (1 << 22) // max(cfg.seq_len, cfg.vocab_size // 2))
         self._test_hashes: torch.Tensor | None = None
 
     # ---- generation -------------------------------------------------------------------
@@ -116,16 +119,19 @@ class MQAR:
         y.scatter_(1, qpos, values)
         return x, y
 
-    def sample(self, batch_size: int, split: str = "train", index: int = 0):
+    def sample(self, batch_size: int, split: str = "train", index: int = 0, count: int = 1):
         """Batch ``index`` of a split: examples ``index*batch_size ... (index+1)*batch_size - 1``.
+        With ``count``, batches ``index ... index+count-1`` stacked along the rows, with the
+        same bits as sampling them one by one (one call instead of ``count``: on a GPU the
+        generator is bound by kernel launches, not by the size of the batch).
 
         Training rows that happen to equal a test example are not scored (targets -100),
         so train and test never share a scored example.
         """
         if split not in SPLITS:
             raise ValueError(f"split: must be 'train' or 'test', got {split!r}")
-        ids = index * batch_size + torch.arange(batch_size, device=self.device, dtype=torch.int64)
-        if split == "test" and (index + 1) * batch_size > self.cfg.test_examples:
+        ids = index * batch_size + torch.arange(count * batch_size, device=self.device, dtype=torch.int64)
+        if split == "test" and (index + count) * batch_size > self.cfg.test_examples:
             raise IndexError(f"test split has {self.cfg.test_examples} examples; batch {index} of "
                              f"{batch_size} runs past it")
         x, y = self.examples(ids, split)
