@@ -1,11 +1,13 @@
 """Every registered linear-attention mixer: chunked (torch) vs per-step (naive) in float64,
 row-sparse top-k leaves unchosen rows bit-identical, balance loss, state size."""
 import dataclasses
+import math
 
 import pytest
 import torch
 
 from sandbox.kernels import chunk_reference, recurrent_reference
+from sandbox.kernels.slot_scores import LOG_GATE_MIN, slot_scores
 from sandbox.mixers import MixerContext, build_mixer, mixer_config_class, mixer_names
 from sandbox.mixers.base import _REGISTRY
 from sandbox.mixers.feature_maps import balance_loss
@@ -106,6 +108,55 @@ def test_chunked_form_keeps_never_selected_rows_bit_identical():
     for beta in (None, torch.rand(B, T, H, generator=gen)):
         _, S = chunk_reference(q, k, v, g, beta, initial_state=S0, output_final_state=True, chunk_size=16)
         assert torch.equal(S[:, :, 2], S0[:, :, 2])
+
+
+def naive_slot_scores(q, k, s, g, scale):
+    """GSA pass 1, one token at a time: K~_t = diag(exp(g_t)) K~_{t-1} + s_t^T k_t, o_t = scale K~_t q_t."""
+    B, T, H, dk = q.shape
+    S = q.new_zeros(B, H, s.shape[-1], dk)
+    outs = []
+    for t in range(T):
+        S = g[:, t].exp()[..., None] * S + s[:, t, :, :, None] * k[:, t, :, None, :]
+        outs.append(scale * torch.einsum("bhmd,bhd->bhm", S, q[:, t]))
+    return torch.stack(outs, 1), S
+
+
+@pytest.mark.parametrize("T", [5, 37])
+def test_slot_scores_match_per_token_loop(T):
+    """Outputs, final state and gradients in float64 with strong decay (alpha down to e^-7.9) and
+    top-k-like slots (alpha = 1, s = 0); float32 stays finite and close where a chunk-start form
+    would overflow (exp(16 * 7.9)); gates below the clamp keep at most e^-8 of the old state."""
+    gen = torch.Generator().manual_seed(6)
+    B, H, dk, m = 2, 2, 5, 7
+    chosen = torch.rand(B, T, H, m, generator=gen) < 0.6
+    q = torch.randn(B, T, H, dk, generator=gen, dtype=torch.float64)
+    k = torch.randn(B, T, H, dk, generator=gen, dtype=torch.float64)
+    chosen[..., 0] = True  # slot 0: alpha < e^-7 at every step, 16 steps decay by > e^-112
+    g = torch.where(chosen, -7.9 * torch.rand(B, T, H, m, generator=gen, dtype=torch.float64), 0.0)
+    g[..., 0] = -7.0 - 0.9 * torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    s = -torch.expm1(g) * torch.rand(B, T, H, m, generator=gen, dtype=torch.float64)
+    w = torch.randn(B, T, H, m, generator=gen, dtype=torch.float64)
+    results = []
+    for fn in (slot_scores, lambda *a, **kw: naive_slot_scores(*a, 0.3)):
+        xs = [x.clone().requires_grad_(True) for x in (q, k, s, g)]
+        o, S = fn(*xs, scale=0.3, output_final_state=True)
+        (o * w).sum().backward()
+        results.append((o.detach(), S.detach(), [x.grad for x in xs]))
+    (o1, S1, grads1), (o2, S2, grads2) = results
+    torch.testing.assert_close(o1, o2, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(S1, S2, rtol=1e-10, atol=1e-12)
+    for name, a, b in zip("qksg", grads1, grads2):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=lambda e: f"grad {name}: {e}")
+    xs = [x.float().requires_grad_(True) for x in (q, k, s, g)]
+    o3, S3 = slot_scores(*xs, scale=0.3, output_final_state=True)
+    (o3 * w.float()).sum().backward()
+    assert all(x.grad.isfinite().all() for x in xs)
+    torch.testing.assert_close(o3.double(), o2, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(S3.double(), S2, rtol=1e-4, atol=1e-5)
+    g_hard = torch.where(chosen, g - 40.0, 0.0)  # alpha ~ e^-40: clamped to e^-8 in the decay
+    o4, _ = slot_scores(q, k, s, g_hard, scale=0.3)
+    o5, _ = naive_slot_scores(q, k, s, g_hard, 0.3)
+    torch.testing.assert_close(o4, o5, rtol=0, atol=2 * math.exp(LOG_GATE_MIN) * o5.abs().max().item())
 
 
 @pytest.mark.parametrize("name", ["gla", "gsa"])

@@ -4,9 +4,9 @@ With m slots per head, forget gate alpha_t in (0,1)^m and slot writes s_t = 1 - 
     K~_t = diag(alpha_t) K~_{t-1} + s_t^T k_t      (m x d_k)
     V~_t = diag(alpha_t) V~_{t-1} + s_t^T v_t      (m x d_v)
     o_t  = V~_t^T softmax(K~_t q_t * d_k^-0.5)
-Pass 1 reads K~ q: each (head, slot) pair is a scalar-gated recurrence with a [d_k, 1]
-state (value = its slot write), so it runs on the same kernel with H*m heads. Pass 2 is the
-core recurrence with queries = slot probabilities, keys = s_t, diagonal gate alpha_t.
+Pass 1 reads K~ q with ``slot_scores`` (chunked torch, no per-slot copies of q and k; its
+reference, impl "naive", is the core loop with one [d_k, 1] state per (head, slot)). Pass 2 is
+the core recurrence with queries = slot probabilities, keys = s_t, diagonal gate alpha_t.
 With ``topk``, s_t = softmax(top-k(-f)) over the slots and unchosen slots keep alpha = 1 in
 both passes.
 """
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from sandbox.kernels import linear_recurrence
+from sandbox.kernels import linear_recurrence, recurrent_reference
+from sandbox.kernels.slot_scores import slot_scores
 from sandbox.mixers.base import MixerContext, register
 from sandbox.mixers.feature_maps import feature_map
 from sandbox.mixers.linear import FeatureMap, LinearConfig, LinearMixer, Norm, Transition
@@ -63,10 +64,13 @@ class GSA(LinearMixer):
         B, T, H, m = s.shape
         dk = self.QK
         capture = self.capture is not None
-        per_slot = lambda z: z[:, :, :, None, :].expand(B, T, H, m, dk).reshape(B, T, H * m, dk)  # noqa: E731
-        scores, S1 = linear_recurrence(per_slot(q), per_slot(k1), s.reshape(B, T, H * m, 1),
-                                       g.reshape(B, T, H * m), scale=self.scale,
-                                       output_final_state=capture, impl=self.cfg.impl)
+        if self.cfg.impl == "naive":  # ground truth: one [d_k, 1] state per (head, slot), m copies of q and k
+            per_slot = lambda z: z[:, :, :, None, :].expand(B, T, H, m, dk).reshape(B, T, H * m, dk)  # noqa: E731
+            scores, S1 = recurrent_reference(per_slot(q), per_slot(k1), s.reshape(B, T, H * m, 1),
+                                             g.reshape(B, T, H * m), scale=self.scale,
+                                             output_final_state=capture)
+        else:
+            scores, S1 = slot_scores(q, k1, s, g, scale=self.scale, output_final_state=capture)
         probs = scores.view(B, T, H, m).softmax(-1)
         o, S2 = linear_recurrence(probs, s, v, g, scale=1.0, output_final_state=capture, impl=self.cfg.impl)
         if capture:
