@@ -101,7 +101,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
     prepare_study(spec, storage)
     shutil.copyfile(spec.source, sweep_dir / "sweep.yaml")
     study = load_study(storage, spec.name, spec.fingerprint()["pruning"])
-    notes = reap(study, hb)
+    notes = reap(study, hb, adopt_foreign=True)
     added = enqueue_points(study, spec)
     threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, (os.cpu_count() or 1) // len(slots))
     (sweep_dir / "logs").mkdir(exist_ok=True)

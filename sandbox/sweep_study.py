@@ -139,9 +139,11 @@ def _worker_alive(pid: int) -> bool:
     return True
 
 
-def reap(study, heartbeat: bool) -> list[str]:
+def reap(study, heartbeat: bool, adopt_foreign: bool = False) -> list[str]:
     """Requeue RUNNING trials whose worker on this host is gone (and, with heartbeats,
-    those of any machine that stopped beating)."""
+    those of any machine that stopped beating). ``adopt_foreign`` (a launcher starting on a
+    journal, which only one machine uses at a time): trials of workers on other hosts are
+    lost too, e.g. a sweep directory copied from a machine that was taken away."""
     import optuna
     from optuna.trial import TrialState
 
@@ -153,9 +155,9 @@ def reap(study, heartbeat: bool) -> list[str]:
         worker = t.user_attrs.get("worker")
         if worker:
             host, pid, _ = worker.rsplit(":", 2)
-            if host == HOST and not _worker_alive(int(pid)):
-                if requeue(study, t, f"worker {worker} died") is not None:
-                    notes.append(f"trial {t.number}: worker {worker} died; requeued")
+            gone = not _worker_alive(int(pid)) if host == HOST else adopt_foreign and not heartbeat
+            if gone and requeue(study, t, f"worker {worker} died") is not None:
+                notes.append(f"trial {t.number}: worker {worker} died; requeued")
         elif not heartbeat and t.datetime_start and now - t.datetime_start.timestamp() > REAP_GRACE_S:
             if requeue(study, t, "no worker claimed it") is not None:
                 notes.append(f"trial {t.number}: never claimed; requeued")

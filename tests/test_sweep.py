@@ -131,6 +131,34 @@ def test_grid_two_workers_every_point_once_and_resume_is_a_no_op(tmp_path):
     assert main(["sweep", str(path), "--out", str(out)]) == 2
 
 
+def test_a_sweep_directory_moved_from_another_machine_resumes_its_running_trials(tmp_path):
+    # a journal holds a trial RUNNING on a machine that is gone (a GPU lease taken back, the
+    # directory copied here): the launcher adopts it instead of waiting for it forever
+    from sandbox.sweep_study import enqueue_points, load_study, prepare_study
+    path = write(tmp_path, """\
+        name: moved
+        grid:
+          seed: [0, 1, 2]
+        """, steps=20)
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = load_sweep(path)
+    storage = open_storage(out, None)
+    prepare_study(spec, storage)
+    study = load_study(storage, spec.name)
+    enqueue_points(study, spec)
+    orphan = study.ask()
+    study._storage.set_trial_user_attr(orphan._trial_id, "worker", "gone-machine:4242:0")
+    (out / "sweep.json").write_text(json.dumps({"study": spec.name}))
+
+    r = run_sweep(path, out, "--workers", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "gone-machine:4242:0 died; requeued" in r.stdout
+    trials = trials_of(out)
+    assert sorted(completed_points(trials)) == sorted(p.point_id for p in spec.points())
+    assert [t.state.name for t in trials if t.number == orphan.number] == ["FAIL"]
+
+
 # ---- failures are recorded, the sweep goes on ---------------------------------------------------
 
 def test_diverging_and_raising_trials_are_recorded_failed(tmp_path, capsys):
