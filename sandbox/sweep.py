@@ -74,7 +74,8 @@ class GpuSampler(threading.Thread):
 
 
 def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers: int | None = None,
-              workers_per_gpu: int | None = None, heartbeat: int | None = None, live: bool | None = None) -> int:
+              workers_per_gpu: int | None = None, heartbeat: int | None = None, live: bool | None = None,
+              retry_failed: bool = False) -> int:
     import optuna
     from sandbox import sweep_report as report
 
@@ -102,7 +103,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
     shutil.copyfile(spec.source, sweep_dir / "sweep.yaml")
     study = load_study(storage, spec.name, spec.fingerprint()["pruning"])
     notes = reap(study, hb, adopt_foreign=True)
-    added = enqueue_points(study, spec)
+    added = enqueue_points(study, spec, retry_failed)
     threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, (os.cpu_count() or 1) // len(slots))
     (sweep_dir / "logs").mkdir(exist_ok=True)
     where = f"{len(gpus)} GPU(s) x {len(slots) // len(gpus)}" if gpus else "CPU"
@@ -222,7 +223,7 @@ def cmd_sweep(args) -> int:
     out = Path(args.out) if args.out else Path("sweeps_out") / spec.name
     return run_sweep(spec, out, storage_url=args.storage, workers=args.workers,
                      workers_per_gpu=args.workers_per_gpu, heartbeat=args.heartbeat,
-                     live=False if args.no_live else None)
+                     live=False if args.no_live else None, retry_failed=args.retry_failed)
 
 
 def add_cli(sub) -> None:
@@ -239,5 +240,7 @@ def add_cli(sub) -> None:
     s.add_argument("--heartbeat", type=int, help="seconds between worker heartbeats with --storage "
                    "(default 10; a trial is retried after 3 missed)")
     s.add_argument("--dry-run", action="store_true", help="validate and list the points, run nothing")
+    s.add_argument("--retry-failed", action="store_true", help="queue failed points again (e.g. after "
+                   "fixing what made them fail); complete ones are kept")
     s.add_argument("--no-live", action="store_true", help="print progress lines instead of a live table")
     s.set_defaults(func=cmd_sweep)

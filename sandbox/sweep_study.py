@@ -173,8 +173,11 @@ def holds(trial) -> bool:
     return True
 
 
-def enqueue_points(study, spec) -> int:
-    held = {t.user_attrs.get("point_id") for t in trials_in(study) if holds(t)}
+def enqueue_points(study, spec, retry_failed: bool = False) -> int:
+    """Queue every point no trial holds yet; ``retry_failed``: also those whose trials failed."""
+    from optuna.trial import TrialState
+    held = {t.user_attrs.get("point_id") for t in trials_in(study)
+            if holds(t) and not (retry_failed and t.state == TrialState.FAIL)}
     n = 0
     for p in spec.points():
         if p.point_id in held:

@@ -187,6 +187,10 @@ def test_diverging_and_raising_trials_are_recorded_failed(tmp_path, capsys):
     # failed points are final: a rerun does not retry them
     r2 = run_sweep(path, out)
     assert "(0 newly queued)" in r2.stdout and len(trials_of(out)) == 4
+    # ... unless asked to (after a fix): the three failed points run again, the complete one not
+    r3 = run_sweep(path, out, "--retry-failed")
+    assert r3.returncode == 0 and "(3 newly queued)" in r3.stdout, r3.stdout + r3.stderr
+    assert len(trials_of(out)) == 7 and len(completed_points(trials_of(out))) == 1
 
 
 # ---- pruning ----------------------------------------------------------------------------------------
