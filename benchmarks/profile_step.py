@@ -84,8 +84,11 @@ def main():
             times.append(1000 * (time.perf_counter() - t))
         results[impl] = statistics.median(times)
         tag = " ".join(args.set)
+        peak = f", peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if device.type == "cuda" else ""
         print(f"{args.mixer} {tag} d{args.d_model} T{args.seq_len} B{args.batch} impl={impl}: "
-              f"{results[impl]:.2f} ms/step ({1000 / results[impl]:.1f} steps/s)", flush=True)
+              f"{results[impl]:.2f} ms/step ({1000 / results[impl]:.1f} steps/s){peak}", flush=True)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         if args.profile and impl == args.impls.split(",")[0]:
             sync(device)
             t = time.perf_counter()
