@@ -289,7 +289,7 @@ def _bwd(q, k, v, g, scale, h0, A, do, dht, cu_seqlens, need_dh0):
         dg = torch.empty(NK, TT, H, device=dev, dtype=g.dtype if NK == 1 else f32)
     _bwd_inter[(NC, NK + NV, H)](q, k, v, gp, do, h, dh, dq_i, dk_i, dv_i, dq, dk, dv,
                                  dg if dg is not None else q, cidx, T, TT, scale, H, K=K, V=V, GATE=gate,
-                                 IS_VARLEN=varlen, BT=BT, BK=bk, BV=bv, NK=NK, num_warps=4)
+                                 IS_VARLEN=varlen, BT=BT, BK=bk, BV=bv, NK=NK, num_warps=8)
     if gate == 1:
         dg = (dg[0] if NK == 1 else dg.sum(0).to(g.dtype)).view(B, T, H)
     return dq.view(B, T, H, K), dk.view(B, T, H, K), dv.view(B, T, H, V), dg, dh0
