@@ -122,6 +122,24 @@ def test_chunk_gla_without_final_state():
     assert all(e <= TOL for e in errs.values()), errs
 
 
+def test_chunk_gla_half_inputs():
+    # 16-bit q, k, v: dq, dk, dv are written in the input dtype by the kernels (fp32 state, fp32 g, h0)
+    inp = _inputs(1, 100, 2, 32, 32, "diag")
+    mine = {n: (inp[n].half() if n in ("q", "k", "v") else inp[n].clone()).requires_grad_()
+            for n in ("q", "k", "v", "g", "initial_state")}
+    ref = {n: inp[n].double().requires_grad_() for n in mine}
+    o, ht = chunk_gla(mine["q"], mine["k"], mine["v"], mine["g"], scale=0.7, initial_state=mine["initial_state"],
+                      output_final_state=True)
+    ro, rht = recurrent_reference(ref["q"], ref["k"], ref["v"], ref["g"], scale=0.7,
+                                  initial_state=ref["initial_state"], output_final_state=True)
+    do, dht = torch.randn_like(ro), torch.randn_like(rht)
+    ((o.float() * do.float()).sum() + (ht * dht.float()).sum()).backward()
+    ((ro * do).sum() + (rht * dht).sum()).backward()
+    assert o.dtype == mine["q"].grad.dtype == torch.float16
+    errs = {"o": rel(o, ro), **{"d" + n: rel(mine[n].grad, ref[n].grad) for n in mine}}
+    assert all(e <= 3e-3 for e in errs.values()), errs
+
+
 def test_unselected_rows_stay_bit_identical():
     # row-sparse top-k: rows with k == 0 and g == 0 at every step keep the initial state exactly
     inp = _inputs(1, 80, 1, 16, 16, "diag")
