@@ -279,6 +279,9 @@ def _bwd(q, k, v, g, scale, h0, A, do, dht, cu_seqlens, need_dh0):
                                      h, dh, dh0 if dh0 is not None else q, cu, coff, T, scale, H, K=K, V=V,
                                      GATE=gate, IS_VARLEN=varlen, HAS_H0=h0 is not None, HAS_DHT=dht is not None,
                                      STORE_DH0=need_dh0, BT=BT, BK=bk, BV=bv, NV=NV, num_warps=nws)
+    # tiles of the parallel kernel: those of the state sweep, at most 64 (128 x 128 needs 320 KB of shared memory)
+    bk, bv = min(bk, 64), min(bv, 64)
+    NK, NV = triton.cdiv(K, bk), triton.cdiv(V, bv)
     dq = torch.empty(TT, H, K, device=dev, dtype=q.dtype)
     dk = torch.empty(TT, H, K, device=dev, dtype=k.dtype)
     dv = torch.empty(TT, H, V, device=dev, dtype=v.dtype)
