@@ -93,10 +93,51 @@ def test_chunk_gla_varlen_with_empty_segments():
     _compare(gla, _inputs(1, 100, 1, 16, 16, "scalar", N=5, h0=False), cu=cu)
 
 
-def test_chunk_gla_several_state_tiles(monkeypatch):
+@pytest.mark.parametrize("gate", ["none", "scalar", "diag"])
+def test_chunk_gla_several_state_tiles(monkeypatch, gate):
     # 16 x 16 state tiles: K = 40 and V = 36 need partial sums over 3 K tiles and 3 V tiles
+    # (the scalar gate's dg is summed over the K tiles on the host)
     monkeypatch.setenv("SANDBOX_TRITON_SEQ_BLOCK", "16")
-    _compare(gla, _inputs(1, 70, 1, 40, 36, "diag"))
+    _compare(gla, _inputs(1, 70, 1, 40, 36, gate))
+
+
+def test_chunk_gla_varlen_several_state_tiles(monkeypatch):
+    monkeypatch.setenv("SANDBOX_TRITON_SEQ_BLOCK", "16")
+    _compare(gla, _inputs(1, 100, 2, 20, 24, "diag", N=4), cu=torch.tensor([0, 0, 64, 65, 100]))
+
+
+def test_chunk_gla_without_final_state():
+    # no gradient of the final state: the reverse state sweep starts from zero
+    inp = _inputs(1, 100, 2, 20, 24, "diag")
+    mine = {n: inp[n].clone().requires_grad_() for n in ("q", "k", "v", "g", "initial_state")}
+    ref = {n: inp[n].double().requires_grad_() for n in mine}
+    o, ht = chunk_gla(mine["q"], mine["k"], mine["v"], mine["g"], scale=0.7, initial_state=mine["initial_state"])
+    ro, _ = recurrent_reference(ref["q"], ref["k"], ref["v"], ref["g"], scale=0.7,
+                                initial_state=ref["initial_state"])
+    assert ht is None
+    do = torch.randn_like(ro)
+    (o * do.float()).sum().backward()
+    (ro * do).sum().backward()
+    errs = {"o": rel(o, ro), **{"d" + n: rel(mine[n].grad, ref[n].grad) for n in mine}}
+    assert all(e <= TOL for e in errs.values()), errs
+
+
+def test_chunk_gla_half_inputs():
+    # 16-bit q, k, v: dq, dk, dv are written in the input dtype by the kernels (fp32 state, fp32 g, h0)
+    inp = _inputs(1, 100, 2, 32, 32, "diag")
+    mine = {n: (inp[n].half() if n in ("q", "k", "v") else inp[n].clone()).requires_grad_()
+            for n in ("q", "k", "v", "g", "initial_state")}
+    ref = {n: inp[n].double().requires_grad_() for n in mine}
+    o, ht = chunk_gla(mine["q"], mine["k"], mine["v"], mine["g"], scale=0.7, initial_state=mine["initial_state"],
+                      output_final_state=True)
+    ro, rht = recurrent_reference(ref["q"], ref["k"], ref["v"], ref["g"], scale=0.7,
+                                  initial_state=ref["initial_state"], output_final_state=True)
+    do, dht = torch.randn_like(ro), torch.randn_like(rht)
+    ((o.float() * do.float()).sum() + (ht * dht.float()).sum()).backward()
+    ((ro * do).sum() + (rht * dht).sum()).backward()
+    assert o.dtype == mine["q"].grad.dtype == torch.float16
+    errs = {"o": rel(o, ro), **{"d" + n: rel(mine[n].grad, ref[n].grad) for n in mine}}
+    assert all(e <= 3e-3 for e in errs.values()), errs
 
 
 def test_unselected_rows_stay_bit_identical():

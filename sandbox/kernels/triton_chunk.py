@@ -15,13 +15,15 @@ Layout of the work (chunk length BT = 64, sub-blocks of BC = 16 rows):
                column by column, exactly, so any decay strength is safe.
             2. ``_fwd_seq``    (parallel over (V tile, K tile, sequence*head),
                sequential over chunks): o = (q*exp(gc)) S + A v; state update.
-  backward  3. ``_bwd_intra``  intra-chunk parts of dq, dk, dv (same stable split).
-            4. ``_bwd_seq``    one launch, two directions: a forward sweep that
-               recomputes S for dq, and a reverse sweep over dS for dk, dv, dh0.
-            5. ``_bwd_dg``     dg = reverse cumsum over time of (q*dq - k*dk),
-               plus the final-state term rowsum(S_T * dS_T).
-Partial sums over K / V tiles (when K or V exceed one tile) go to fp32 buffers
-that torch adds up.
+  backward  (``triton_chunk_bwd.py``)
+            3. ``_bwd_intra``  intra-chunk parts of dq, dk, dv (same stable split).
+            4. ``_bwd_states`` (sequential over chunks, both directions in one launch):
+               only the state recurrences; stores S at every chunk start and dS (the
+               gradient from later chunks) at every chunk end, and d(initial state).
+            5. ``_bwd_inter``  (parallel over chunks x K/V tiles x heads): inter-chunk
+               dq, dk, dv from the stored states, plus dg (reverse cumsum of q*dq - k*dk
+               within the chunk, and the chunk's carry rowsum(S_end * dS_end)).
+Partial sums over K tiles (when K exceeds one tile) go to fp32 buffers that torch adds up.
 """
 from __future__ import annotations
 
@@ -190,238 +192,6 @@ def _fwd_seq(q, k, v, g, A, o, h0, ht, cu, T, TT, scale,
         tl.store(ht + p_h, S, mask=m_h)
 
 
-@triton.jit
-def _bwd_intra(q, k, v, g, A, do, dq, dk, dv, cidx, T, scale,
-               H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
-               BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    i_cb, i_h = tl.program_id(0), tl.program_id(1)
-    NB: tl.constexpr = BT // BC
-    i_c = i_cb // NB
-    i_b = i_cb % NB
-    t0, t1 = _chunk_bounds(i_c, cidx, T, IS_VARLEN, BT)
-    ts = t0 + i_b * BC
-    if ts < t1:
-        o_r = tl.arange(0, BC)
-        o_c = tl.arange(0, BT)
-        rows = ts + o_r
-        cols = t0 + o_c
-        m_r = rows < t1
-        m_c = cols < t1
-        bs = i_b * BC
-        be = bs + BC - 1
-        # dA rows of this block (and, for the diagonal gate, its columns); dv of this block
-        dA_r = tl.zeros([BC, BT], dtype=tl.float32)
-        if GATE == 2:
-            dA_c = tl.zeros([BT, BC], dtype=tl.float32)
-            dAd = tl.zeros([BC, BC], dtype=tl.float32)
-        b_Ac = tl.load(A + (cols[:, None] * H + i_h) * BT + bs + o_r[None, :], mask=m_c[:, None], other=0.)
-        for i_v in range(0, tl.cdiv(V, BV)):
-            o_v = i_v * BV + tl.arange(0, BV)
-            m_v = o_v < V
-            b_doc = tl.load(do + (cols[:, None] * H + i_h) * V + o_v[None, :], mask=m_c[:, None] & m_v[None, :], other=0.)
-            b_vc = tl.load(v + (cols[:, None] * H + i_h) * V + o_v[None, :], mask=m_c[:, None] & m_v[None, :], other=0.)
-            b_dor = tl.load(do + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.)
-            dA_r += tl.dot(b_dor, tl.trans(b_vc))
-            if GATE == 2:
-                b_vr = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.)
-                dA_c += tl.dot(b_doc, tl.trans(b_vr))
-                dAd += tl.dot(b_dor, tl.trans(b_vr))
-            b_dv = tl.dot(tl.trans(b_Ac.to(b_doc.dtype)), b_doc)
-            tl.store(dv + (rows[:, None] * H + i_h) * V + o_v[None, :], b_dv, mask=m_r[:, None] & m_v[None, :])
-        m_A = (o_c[None, :] <= (bs + o_r)[:, None]) & m_c[None, :]
-        dA_r = tl.where(m_A, dA_r * scale, 0.)
-        if GATE == 2:
-            m_Ac = (o_c[:, None] >= (bs + o_r)[None, :]) & m_c[:, None]
-            dA_c = tl.where(m_Ac, dA_c * scale, 0.)
-            dAd = tl.where((o_r[None, :] <= o_r[:, None]) & m_r[None, :], dAd * scale, 0.)
-        if GATE == 1:
-            g_c = tl.load(g + cols * H + i_h, mask=m_c, other=0.).to(tl.float32)
-            gc_c = tl.cumsum(g_c, axis=0)
-            off = tl.sum(tl.where(o_c < bs, g_c, 0.), axis=0)
-            g_r = tl.load(g + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            gc_r = tl.cumsum(g_r, axis=0) + off
-            dA_r = dA_r * tl.exp(tl.where(m_A, gc_r[:, None] - gc_c[None, :], float("-inf")))
-        for i_k in range(0, tl.cdiv(K, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            m_k = o_k < K
-            m_ck = m_c[:, None] & m_k[None, :]
-            m_rk = m_r[:, None] & m_k[None, :]
-            b_qc = tl.load(q + (cols[:, None] * H + i_h) * K + o_k[None, :], mask=m_ck, other=0.)
-            b_kc = tl.load(k + (cols[:, None] * H + i_h) * K + o_k[None, :], mask=m_ck, other=0.)
-            if GATE == 2:
-                b_qr = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_rk, other=0.).to(tl.float32)
-                b_kr = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_rk, other=0.).to(tl.float32)
-                b_g = tl.load(g + (cols[:, None] * H + i_h) * K + o_k[None, :], mask=m_ck, other=0.).to(tl.float32)
-                gc_c = tl.cumsum(b_g, axis=0)
-                off = tl.sum(tl.where((o_c < bs)[:, None], b_g, 0.), axis=0)
-                g_r = tl.load(g + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_rk, other=0.).to(tl.float32)
-                gc_r = tl.cumsum(g_r, axis=0) + off[None, :]
-                ref = tl.sum(tl.where((o_c <= bs)[:, None], b_g, 0.), axis=0)
-                ref2 = tl.sum(tl.where((o_c <= be)[:, None], b_g, 0.), axis=0)
-                # pairs with earlier sub-blocks
-                kg = (b_kc.to(tl.float32) * tl.exp(tl.where((o_c < bs)[:, None], ref[None, :] - gc_c, float("-inf"))))
-                b_dq = tl.dot(tl.where((o_c < bs)[None, :], dA_r, 0.).to(b_kc.dtype), kg.to(b_kc.dtype))
-                b_dq = b_dq * tl.exp(gc_r - ref[None, :])
-                qg = (b_qc.to(tl.float32) * tl.exp(tl.where((o_c > be)[:, None], gc_c - ref2[None, :], float("-inf"))))
-                b_dk = tl.dot(tl.trans(tl.where((o_c > be)[:, None], dA_c, 0.).to(b_qc.dtype)), qg.to(b_qc.dtype))
-                b_dk = b_dk * tl.exp(ref2[None, :] - gc_r)
-                # the diagonal sub-block, exactly: e3[i, j, k] = exp(gc_ik - gc_jk) for j <= i
-                e3 = tl.exp(tl.where((o_r[:, None] >= o_r[None, :])[:, :, None],
-                                     gc_r[:, None, :] - gc_r[None, :, :], float("-inf")))
-                w3 = dAd[:, :, None] * e3
-                b_dq += tl.sum(w3 * b_kr[None, :, :], axis=1)
-                b_dk += tl.sum(w3 * b_qr[:, None, :], axis=0)
-            else:
-                b_dq = tl.dot(dA_r.to(b_kc.dtype), b_kc)
-                b_dk = tl.dot(tl.trans(dA_r.to(b_qc.dtype)), b_qc)
-            tl.store(dq + (rows[:, None] * H + i_h) * K + o_k[None, :], b_dq, mask=m_rk)
-            tl.store(dk + (rows[:, None] * H + i_h) * K + o_k[None, :], b_dk, mask=m_rk)
-
-
-@triton.jit
-def _bwd_seq(q, k, v, g, do, dq_i, dk_i, dv_i, dqp, dkp, dvp, h0, dht, dh0, cu, T, TT, scale,
-             H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
-             HAS_H0: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-             BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr):
-    i_kv, i_nh, i_d = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_k = i_kv // NV
-    i_v = i_kv % NV
-    i_n = i_nh // H
-    i_h = i_nh % H
-    bos, eos = _seq_bounds(i_n, cu, T, IS_VARLEN)
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_t = tl.arange(0, BT)
-    m_k = o_k < K
-    m_v = o_v < V
-    p_h = (i_nh * K + o_k[:, None]) * V + o_v[None, :]
-    m_h = m_k[:, None] & m_v[None, :]
-    if i_d == 0:
-        # forward sweep: dq = scale * exp(gc) * (dO S_{chunk start}^T) + intra part
-        if HAS_H0:
-            S = tl.load(h0 + p_h, mask=m_h, other=0.).to(tl.float32)
-        else:
-            S = tl.zeros([BK, BV], dtype=tl.float32)
-        dq_base = dqp + i_v.to(tl.int64) * TT * H * K
-        for t0 in range(bos, eos, BT):
-            rows = t0 + o_t
-            m = rows < eos
-            m_tk = m[:, None] & m_k[None, :]
-            m_tv = m[:, None] & m_v[None, :]
-            b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.)
-            b_v = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)
-            b_do = tl.load(do + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)
-            b_dq = tl.dot(b_do, tl.trans(S.to(b_do.dtype))) * scale
-            if GATE > 0:
-                gc, gl = _load_gate(g, rows, m, i_h, o_k, m_k, H, K, GATE)
-                b_dq = b_dq * tl.exp(gc)
-                kg = (b_k.to(tl.float32) * tl.exp(gl[None, :] - gc)).to(b_k.dtype)
-                S = S * tl.exp(gl)[:, None]
-            else:
-                kg = b_k
-            if i_v == 0:
-                b_dq += tl.load(dq_i + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.)
-            tl.store(dq_base + (rows[:, None] * H + i_h) * K + o_k[None, :], b_dq.to(dqp.dtype.element_ty), mask=m_tk)
-            S += tl.dot(tl.trans(kg), b_v)
-    else:
-        # reverse sweep over dS: dk, dv and d(initial state)
-        if HAS_DHT:
-            dS = tl.load(dht + p_h, mask=m_h, other=0.).to(tl.float32)
-        else:
-            dS = tl.zeros([BK, BV], dtype=tl.float32)
-        dk_base = dkp + i_v.to(tl.int64) * TT * H * K
-        dv_base = dvp + i_k.to(tl.int64) * TT * H * V
-        nc = tl.cdiv(eos - bos, BT)
-        for i in range(0, nc):
-            t0 = bos + (nc - 1 - i) * BT
-            rows = t0 + o_t
-            m = rows < eos
-            m_tk = m[:, None] & m_k[None, :]
-            m_tv = m[:, None] & m_v[None, :]
-            b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.)
-            b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.)
-            b_v = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)
-            b_do = tl.load(do + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)
-            dSc = dS.to(b_k.dtype)
-            if GATE > 0:
-                gc, gl = _load_gate(g, rows, m, i_h, o_k, m_k, H, K, GATE)
-                ek = tl.exp(gl[None, :] - gc)
-                kg = (b_k.to(tl.float32) * ek).to(b_k.dtype)
-                qg = (b_q.to(tl.float32) * tl.exp(gc)).to(b_q.dtype)
-            else:
-                kg = b_k
-                qg = b_q
-            b_dv = tl.dot(kg, dSc)
-            b_dk = tl.dot(b_v, tl.trans(dSc))
-            if GATE > 0:
-                b_dk = b_dk * ek
-                dS = dS * tl.exp(gl)[:, None]
-            if i_k == 0:
-                b_dv += tl.load(dv_i + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)
-            if i_v == 0:
-                b_dk += tl.load(dk_i + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.)
-            tl.store(dv_base + (rows[:, None] * H + i_h) * V + o_v[None, :], b_dv.to(dvp.dtype.element_ty), mask=m_tv)
-            tl.store(dk_base + (rows[:, None] * H + i_h) * K + o_k[None, :], b_dk.to(dkp.dtype.element_ty), mask=m_tk)
-            dS += tl.dot(tl.trans(qg), b_do) * scale
-        if STORE_DH0:
-            tl.store(dh0 + p_h, dS, mask=m_h)
-
-
-@triton.jit
-def _bwd_dg(q, k, dq, dk, dgt, dg, dq_out, dk_out, cu, T,
-            H, K: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
-            HAS_DGT: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
-    """dg_t = sum_{s >= t} (q_s*dq_s - k_s*dk_s)  (+ rowsum(S_T * dS_T)), per segment; also writes dq, dk cast."""
-    i_k, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n = i_nh // H
-    i_h = i_nh % H
-    bos, eos = _seq_bounds(i_n, cu, T, IS_VARLEN)
-    o_t = tl.arange(0, BT)
-    nc = tl.cdiv(eos - bos, BT)
-    if GATE == 2:
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        if HAS_DGT:
-            carry = tl.load(dgt + i_nh * K + o_k, mask=m_k, other=0.)
-        else:
-            carry = tl.zeros([BK], dtype=tl.float32)
-        for i in range(0, nc):
-            rows = bos + (nc - 1 - i) * BT + o_t
-            m = (rows < eos)[:, None] & m_k[None, :]
-            p = (rows[:, None] * H + i_h) * K + o_k[None, :]
-            b_dq = tl.load(dq + p, mask=m, other=0.)
-            b_dk = tl.load(dk + p, mask=m, other=0.)
-            tl.store(dq_out + p, b_dq.to(dq_out.dtype.element_ty), mask=m)
-            tl.store(dk_out + p, b_dk.to(dk_out.dtype.element_ty), mask=m)
-            d = tl.load(q + p, mask=m, other=0.).to(tl.float32) * b_dq - tl.load(k + p, mask=m, other=0.).to(tl.float32) * b_dk
-            tot = tl.sum(d, axis=0)
-            b_dg = tot[None, :] - tl.cumsum(d, axis=0) + d + carry[None, :]
-            tl.store(dg + p, b_dg.to(dg.dtype.element_ty), mask=m)
-            carry += tot
-    else:
-        carry = tl.sum(tl.zeros([1], dtype=tl.float32), axis=0)
-        if HAS_DGT:
-            carry += tl.load(dgt + i_nh)
-        for i in range(0, nc):
-            rows = bos + (nc - 1 - i) * BT + o_t
-            m_t = rows < eos
-            d = tl.zeros([BT], dtype=tl.float32)
-            for i_kk in range(0, tl.cdiv(K, BK)):
-                o_k = i_kk * BK + tl.arange(0, BK)
-                m = m_t[:, None] & (o_k < K)[None, :]
-                p = (rows[:, None] * H + i_h) * K + o_k[None, :]
-                b_dq = tl.load(dq + p, mask=m, other=0.)
-                b_dk = tl.load(dk + p, mask=m, other=0.)
-                tl.store(dq_out + p, b_dq.to(dq_out.dtype.element_ty), mask=m)
-                tl.store(dk_out + p, b_dk.to(dk_out.dtype.element_ty), mask=m)
-                d += tl.sum(tl.load(q + p, mask=m, other=0.).to(tl.float32) * b_dq
-                            - tl.load(k + p, mask=m, other=0.).to(tl.float32) * b_dk, axis=1)
-            tot = tl.sum(d, axis=0)
-            b_dg = tot - tl.cumsum(d, axis=0) + d + carry
-            tl.store(dg + rows * H + i_h, b_dg.to(dg.dtype.element_ty), mask=m_t)
-            carry += tot
-
-
 # ----------------------------------------------------------------------------- host side
 
 def _p2(n: int) -> int:
@@ -458,9 +228,11 @@ def _geometry(q, v, cu_seqlens):
     if varlen:
         cidx, NC = chunk_table(cu_seqlens)
         cu = cu_seqlens.to(torch.int32).contiguous()
+        nch = (cu[1:] - cu[:-1] + BT - 1) // BT
+        coff = (torch.cumsum(nch, 0) - nch).to(torch.int32).contiguous()  # first chunk of each segment
     else:
-        cidx, NC, cu = q, B * triton.cdiv(T, BT), q  # dummies: unused when not varlen
-    return B, T, H, K, V, N, varlen, cidx, NC, cu
+        cidx, NC, cu, coff = q, B * triton.cdiv(T, BT), q, q  # dummies: unused when not varlen
+    return B, T, H, K, V, N, varlen, cidx, NC, cu, coff
 
 
 def _intra_cfg(gate: int, K: int, V: int):
@@ -477,7 +249,7 @@ def _seq_cfg(K: int, V: int):
 
 
 def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
-    B, T, H, K, V, N, varlen, cidx, NC, cu = _geometry(q, v, cu_seqlens)
+    B, T, H, K, V, N, varlen, cidx, NC, cu, _ = _geometry(q, v, cu_seqlens)
     gate = _gate_kind(g)
     TT = B * T
     gp = g if g is not None else q
@@ -496,53 +268,6 @@ def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
     return o.view(B, T, H, V), ht, A
 
 
-def _bwd(q, k, v, g, scale, h0, A, ht, do, dht, cu_seqlens, need_dh0):
-    B, T, H, K, V, N, varlen, cidx, NC, cu = _geometry(q, v, cu_seqlens)
-    gate = _gate_kind(g)
-    TT = B * T
-    gp = g if g is not None else q
-    dev = q.device
-    f32 = torch.float32
-    dq_i = torch.empty(TT, H, K, device=dev, dtype=f32)
-    dk_i = torch.empty(TT, H, K, device=dev, dtype=f32)
-    dv_i = torch.empty(TT, H, V, device=dev, dtype=f32)
-    bc, bki, bvi, nwi = _intra_cfg(gate, K, V)
-    _bwd_intra[(NC * (BT // bc), H)](q, k, v, gp, A, do, dq_i, dk_i, dv_i, cidx, T, scale, H, K=K, V=V,
-                                      GATE=gate, IS_VARLEN=varlen, BT=BT, BC=bc, BK=bki, BV=bvi, num_warps=nwi)
-    bk, bv, NK, NV, nws = _seq_cfg(K, V)
-    # single tiles write the final dtype directly (dq, dk stay fp32 when dg needs them)
-    qk_t = q.dtype if (NV == 1 and gate == 0) else f32
-    dqp = torch.empty(NV, TT, H, K, device=dev, dtype=qk_t)
-    dkp = torch.empty(NV, TT, H, K, device=dev, dtype=qk_t)
-    dvp = torch.empty(NK, TT, H, V, device=dev, dtype=v.dtype if NK == 1 else f32)
-    dh0 = torch.empty(N, H, K, V, device=dev, dtype=f32) if need_dh0 else None
-    _bwd_seq[(NK * NV, N * H, 2)](q, k, v, gp, do, dq_i, dk_i, dv_i, dqp, dkp, dvp,
-                                   h0 if h0 is not None else q, dht if dht is not None else q,
-                                   dh0 if dh0 is not None else q, cu, T, TT, scale, H, K=K, V=V, GATE=gate,
-                                   IS_VARLEN=varlen, HAS_H0=h0 is not None, HAS_DHT=dht is not None,
-                                   STORE_DH0=need_dh0, BT=BT, BK=bk, BV=bv, NV=NV, num_warps=nws)
-    dq = dqp[0] if NV == 1 else dqp.sum(0)
-    dk = dkp[0] if NV == 1 else dkp.sum(0)
-    dv = dvp[0] if NK == 1 else dvp.sum(0).to(v.dtype)
-    dg = None
-    if gate:
-        dgt = None
-        if dht is not None and ht is not None:
-            dgt = (ht * dht).sum(-1)
-            if gate == 1:
-                dgt = dgt.sum(-1)
-            dgt = dgt.contiguous()
-        dg = torch.empty_like(g)
-        dq_out = torch.empty(TT, H, K, device=dev, dtype=q.dtype)
-        dk_out = torch.empty(TT, H, K, device=dev, dtype=k.dtype)
-        bkd = max(16, min(64, _p2(K)))
-        _bwd_dg[(triton.cdiv(K, bkd) if gate == 2 else 1, N * H)](
-            q, k, dq, dk, dgt if dgt is not None else q, dg, dq_out, dk_out, cu, T, H, K=K, GATE=gate,
-            IS_VARLEN=varlen, HAS_DGT=dgt is not None, BT=BT, BK=bkd, num_warps=4)
-        dq, dk = dq_out, dk_out
-    return (dq.view(B, T, H, K).to(q.dtype), dk.view(B, T, H, K).to(k.dtype), dv.view(B, T, H, V), dg, dh0)
-
-
 class ChunkGLAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, h0, scale, output_final_state, cu_seqlens):
@@ -550,15 +275,17 @@ class ChunkGLAFunction(torch.autograd.Function):
         g = g.contiguous() if g is not None else None
         h0 = h0.contiguous() if h0 is not None else None
         o, ht, A = _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens)
-        ctx.save_for_backward(q, k, v, g, h0, A, ht, cu_seqlens)
+        ctx.save_for_backward(q, k, v, g, h0, A, cu_seqlens)
         ctx.scale = scale
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, h0, A, ht, cu_seqlens = ctx.saved_tensors
+        q, k, v, g, h0, A, cu_seqlens = ctx.saved_tensors
+        from sandbox.kernels.triton_chunk_bwd import _bwd  # imports this module's helpers
+
         need_dh0 = h0 is not None and ctx.needs_input_grad[4]
-        dq, dk, dv, dg, dh0 = _bwd(q, k, v, g, ctx.scale, h0, A, ht, do.to(q.dtype).contiguous(),
+        dq, dk, dv, dg, dh0 = _bwd(q, k, v, g, ctx.scale, h0, A, do.to(q.dtype).contiguous(),
                                    dht.contiguous() if dht is not None else None, cu_seqlens, need_dh0)
         return dq, dk, dv, dg, dh0, None, None, None
 

@@ -1,0 +1,298 @@
+"""Backward of the chunked gated linear attention in ``triton_chunk.py``.
+
+Notation as there: per sequence and head, S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t, o_t = scale * q_t S_t;
+gc = chunk-local cumulative log-decay, gl = its last row (the chunk's total decay).
+For chunk c with S_c = state at its start and dS_c = gradient of the state at its end coming from
+later chunks (and the final state):
+    dq = scale * exp(gc) * (dO S_c^T),   dk = exp(gl - gc) * (v dS_c^T),   dv = (k * exp(gl - gc)) dS_c
+plus the intra-chunk parts.  The gate gradient is dg_t = sum_{s >= t} (q_s dq_s - k_s dk_s) + rowsum(S_T dS_T)
+per segment; the sum over all later chunks equals rowsum(S_end_c * dS_c) (the same identity at a chunk
+boundary), and with S_end_c = exp(gl) S_c + (k * exp(gl - gc))^T v that is
+    carry_c = exp(gl) * rowsum(S_c * dS_c) + sum_t k_t * dk_inter_t,
+so dg needs no scan across chunks.
+
+Kernels (three launches):
+  1. ``_bwd_intra``   (parallel over chunks x 16-row sub-blocks) intra-chunk dq, dk, dv in fp32.
+  2. ``_bwd_states``  (parallel over (K tile, V tile) x sequence*head x direction, sequential over
+                      chunks): only the two state recurrences; stores S_c and dS_c for every chunk
+                      (fp32 [n_chunks, H, K, V] each) and d(initial state).
+  3. ``_bwd_inter``   (parallel over chunks x (K tiles + V tiles) x heads): dq, dk (and dg) for one
+                      K tile, or dv for one V tile, from the stored states plus the intra parts;
+                      writes the input dtype directly.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sandbox.kernels.triton_chunk import (BT, _chunk_bounds, _gate_kind, _geometry, _intra_cfg, _load_gate,
+                                          _seq_bounds, _seq_cfg)
+
+
+@triton.jit
+def _bwd_intra(q, k, v, g, A, do, dq, dk, dv, cidx, T, scale,
+               H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+               BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    i_cb, i_h = tl.program_id(0), tl.program_id(1)
+    NB: tl.constexpr = BT // BC
+    i_c = i_cb // NB
+    i_b = i_cb % NB
+    t0, t1 = _chunk_bounds(i_c, cidx, T, IS_VARLEN, BT)
+    ts = t0 + i_b * BC
+    if ts < t1:
+        o_r = tl.arange(0, BC)
+        o_c = tl.arange(0, BT)
+        rows = ts + o_r
+        cols = t0 + o_c
+        m_r = rows < t1
+        m_c = cols < t1
+        bs = i_b * BC
+        be = bs + BC - 1
+        # dA rows of this block (and, for the diagonal gate, its columns); dv of this block
+        dA_r = tl.zeros([BC, BT], dtype=tl.float32)
+        if GATE == 2:
+            dA_c = tl.zeros([BT, BC], dtype=tl.float32)
+            dAd = tl.zeros([BC, BC], dtype=tl.float32)
+        b_Ac = tl.load(A + (cols[:, None] * H + i_h) * BT + bs + o_r[None, :], mask=m_c[:, None], other=0.)
+        for i_v in range(0, tl.cdiv(V, BV)):
+            o_v = i_v * BV + tl.arange(0, BV)
+            m_v = o_v < V
+            b_doc = tl.load(do + (cols[:, None] * H + i_h) * V + o_v[None, :], mask=m_c[:, None] & m_v[None, :], other=0.)
+            b_vc = tl.load(v + (cols[:, None] * H + i_h) * V + o_v[None, :], mask=m_c[:, None] & m_v[None, :], other=0.)
+            b_dor = tl.load(do + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.)
+            dA_r += tl.dot(b_dor, tl.trans(b_vc))
+            if GATE == 2:
+                b_vr = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.)
+                dA_c += tl.dot(b_doc, tl.trans(b_vr))
+                dAd += tl.dot(b_dor, tl.trans(b_vr))
+            b_dv = tl.dot(tl.trans(b_Ac.to(b_doc.dtype)), b_doc)
+            tl.store(dv + (rows[:, None] * H + i_h) * V + o_v[None, :], b_dv, mask=m_r[:, None] & m_v[None, :])
+        m_A = (o_c[None, :] <= (bs + o_r)[:, None]) & m_c[None, :]
+        dA_r = tl.where(m_A, dA_r * scale, 0.)
+        if GATE == 2:
+            m_Ac = (o_c[:, None] >= (bs + o_r)[None, :]) & m_c[:, None]
+            dA_c = tl.where(m_Ac, dA_c * scale, 0.)
+            dAd = tl.where((o_r[None, :] <= o_r[:, None]) & m_r[None, :], dAd * scale, 0.)
+        if GATE == 1:
+            g_c = tl.load(g + cols * H + i_h, mask=m_c, other=0.).to(tl.float32)
+            gc_c = tl.cumsum(g_c, axis=0)
+            off = tl.sum(tl.where(o_c < bs, g_c, 0.), axis=0)
+            g_r = tl.load(g + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
+            gc_r = tl.cumsum(g_r, axis=0) + off
+            dA_r = dA_r * tl.exp(tl.where(m_A, gc_r[:, None] - gc_c[None, :], float("-inf")))
+        for i_k in range(0, tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            m_ck = m_c[:, None] & m_k[None, :]
+            m_rk = m_r[:, None] & m_k[None, :]
+            b_qc = tl.load(q + (cols[:, None] * H + i_h) * K + o_k[None, :], mask=m_ck, other=0.)
+            b_kc = tl.load(k + (cols[:, None] * H + i_h) * K + o_k[None, :], mask=m_ck, other=0.)
+            if GATE == 2:
+                b_qr = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_rk, other=0.).to(tl.float32)
+                b_kr = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_rk, other=0.).to(tl.float32)
+                b_g = tl.load(g + (cols[:, None] * H + i_h) * K + o_k[None, :], mask=m_ck, other=0.).to(tl.float32)
+                gc_c = tl.cumsum(b_g, axis=0)
+                off = tl.sum(tl.where((o_c < bs)[:, None], b_g, 0.), axis=0)
+                g_r = tl.load(g + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_rk, other=0.).to(tl.float32)
+                gc_r = tl.cumsum(g_r, axis=0) + off[None, :]
+                ref = tl.sum(tl.where((o_c <= bs)[:, None], b_g, 0.), axis=0)
+                ref2 = tl.sum(tl.where((o_c <= be)[:, None], b_g, 0.), axis=0)
+                # pairs with earlier sub-blocks
+                kg = (b_kc.to(tl.float32) * tl.exp(tl.where((o_c < bs)[:, None], ref[None, :] - gc_c, float("-inf"))))
+                b_dq = tl.dot(tl.where((o_c < bs)[None, :], dA_r, 0.).to(b_kc.dtype), kg.to(b_kc.dtype))
+                b_dq = b_dq * tl.exp(gc_r - ref[None, :])
+                qg = (b_qc.to(tl.float32) * tl.exp(tl.where((o_c > be)[:, None], gc_c - ref2[None, :], float("-inf"))))
+                b_dk = tl.dot(tl.trans(tl.where((o_c > be)[:, None], dA_c, 0.).to(b_qc.dtype)), qg.to(b_qc.dtype))
+                b_dk = b_dk * tl.exp(ref2[None, :] - gc_r)
+                # the diagonal sub-block, exactly: e3[i, j, k] = exp(gc_ik - gc_jk) for j <= i
+                e3 = tl.exp(tl.where((o_r[:, None] >= o_r[None, :])[:, :, None],
+                                     gc_r[:, None, :] - gc_r[None, :, :], float("-inf")))
+                w3 = dAd[:, :, None] * e3
+                b_dq += tl.sum(w3 * b_kr[None, :, :], axis=1)
+                b_dk += tl.sum(w3 * b_qr[:, None, :], axis=0)
+            else:
+                b_dq = tl.dot(dA_r.to(b_kc.dtype), b_kc)
+                b_dk = tl.dot(tl.trans(dA_r.to(b_qc.dtype)), b_qc)
+            tl.store(dq + (rows[:, None] * H + i_h) * K + o_k[None, :], b_dq, mask=m_rk)
+            tl.store(dk + (rows[:, None] * H + i_h) * K + o_k[None, :], b_dk, mask=m_rk)
+
+
+@triton.jit
+def _bwd_states(q, k, v, g, do, h0, dht, h, dh, dh0, cu, coff, T, scale,
+                H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+                HAS_H0: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr):
+    """Direction 0: S at every chunk start into h; direction 1: dS at every chunk end into dh, then dh0."""
+    i_kv, i_nh, i_d = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_k = i_kv // NV
+    i_v = i_kv % NV
+    i_n = i_nh // H
+    i_h = i_nh % H
+    bos, eos = _seq_bounds(i_n, cu, T, IS_VARLEN)
+    if IS_VARLEN:
+        c0 = tl.load(coff + i_n).to(tl.int32)
+    else:
+        c0 = i_n * tl.cdiv(T, BT)
+    nc = tl.cdiv(eos - bos, BT)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, BT)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_h = m_k[:, None] & m_v[None, :]
+    p_c = (i_h * K + o_k[:, None]) * V + o_v[None, :]  # inside one chunk's [H, K, V] block
+    p_h = (i_nh * K + o_k[:, None]) * V + o_v[None, :]  # inside [N, H, K, V]
+    if i_d == 0:
+        if HAS_H0:
+            S = tl.load(h0 + p_h, mask=m_h, other=0.).to(tl.float32)
+        else:
+            S = tl.zeros([BK, BV], dtype=tl.float32)
+        for i in range(0, nc):
+            tl.store(h + (c0 + i).to(tl.int64) * H * K * V + p_c, S, mask=m_h)
+            rows = bos + i * BT + o_t
+            m = rows < eos
+            b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
+            b_v = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m[:, None] & m_v[None, :], other=0.)
+            if GATE > 0:
+                gc, gl = _load_gate(g, rows, m, i_h, o_k, m_k, H, K, GATE)
+                kg = (b_k.to(tl.float32) * tl.exp(gl[None, :] - gc)).to(b_k.dtype)
+                S = S * tl.exp(gl)[:, None]
+            else:
+                kg = b_k
+            S += tl.dot(tl.trans(kg), b_v)
+    else:
+        if HAS_DHT:
+            dS = tl.load(dht + p_h, mask=m_h, other=0.).to(tl.float32)
+        else:
+            dS = tl.zeros([BK, BV], dtype=tl.float32)
+        for i in range(0, nc):
+            j = nc - 1 - i
+            tl.store(dh + (c0 + j).to(tl.int64) * H * K * V + p_c, dS, mask=m_h)
+            rows = bos + j * BT + o_t
+            m = rows < eos
+            b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
+            b_do = tl.load(do + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m[:, None] & m_v[None, :], other=0.)
+            if GATE > 0:
+                gc, gl = _load_gate(g, rows, m, i_h, o_k, m_k, H, K, GATE)
+                qg = (b_q.to(tl.float32) * tl.exp(gc)).to(b_q.dtype)
+                dS = dS * tl.exp(gl)[:, None]
+            else:
+                qg = b_q
+            dS += tl.dot(tl.trans(qg), b_do) * scale
+        if STORE_DH0:
+            tl.store(dh0 + p_h, dS, mask=m_h)
+
+
+@triton.jit
+def _bwd_inter(q, k, v, g, do, h, dh, dq_i, dk_i, dv_i, dq, dk, dv, dg, cidx, T, TT, scale,
+               H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK: tl.constexpr):
+    """Tile axis < NK: dq, dk, dg of K tile i_t; otherwise dv of V tile i_t - NK; one chunk, one head."""
+    i_c, i_t, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t0, t1 = _chunk_bounds(i_c, cidx, T, IS_VARLEN, BT)
+    rows = t0 + tl.arange(0, BT)
+    m = rows < t1
+    p_s = (i_c * H + i_h).to(tl.int64) * K * V  # this chunk's [K, V] states
+    if i_t < NK:
+        o_k = i_t * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_tk = m[:, None] & m_k[None, :]
+        b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+        hs = tl.zeros([BK], dtype=tl.float32)  # rowsum(S_c * dS_c)
+        for i_v in range(0, tl.cdiv(V, BV)):
+            o_v = i_v * BV + tl.arange(0, BV)
+            m_v = o_v < V
+            m_tv = m[:, None] & m_v[None, :]
+            m_h = m_k[:, None] & m_v[None, :]
+            b_do = tl.load(do + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)
+            b_v = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)
+            b_S = tl.load(h + p_s + o_k[:, None] * V + o_v[None, :], mask=m_h, other=0.)
+            b_dS = tl.load(dh + p_s + o_k[:, None] * V + o_v[None, :], mask=m_h, other=0.)
+            b_dq += tl.dot(b_do, tl.trans(b_S.to(b_do.dtype)))
+            b_dk += tl.dot(b_v, tl.trans(b_dS.to(b_v.dtype)))
+            if GATE > 0:
+                hs += tl.sum(b_S * b_dS, axis=1)
+        b_dq = b_dq * scale
+        p_k = (rows[:, None] * H + i_h) * K + o_k[None, :]
+        b_q = tl.load(q + p_k, mask=m_tk, other=0.).to(tl.float32)
+        b_k = tl.load(k + p_k, mask=m_tk, other=0.).to(tl.float32)
+        if GATE > 0:
+            gc, gl = _load_gate(g, rows, m, i_h, o_k, m_k, H, K, GATE)
+            b_dq = b_dq * tl.exp(gc)
+            b_dk = b_dk * tl.exp(gl[None, :] - gc)
+            # gradient flowing into later chunks through this chunk's decay: rowsum(S_end * dS_c)
+            carry = tl.exp(gl) * hs + tl.sum(b_k * b_dk, axis=0)
+        b_dq += tl.load(dq_i + p_k, mask=m_tk, other=0.)
+        b_dk += tl.load(dk_i + p_k, mask=m_tk, other=0.)
+        tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+        tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+        if GATE == 2:
+            d = b_q * b_dq - b_k * b_dk
+            b_dg = carry[None, :] + tl.sum(d, axis=0)[None, :] - tl.cumsum(d, axis=0) + d
+            tl.store(dg + p_k, b_dg.to(dg.dtype.element_ty), mask=m_tk)
+        if GATE == 1:
+            # this K tile's share; the NK shares are added up on the host
+            d = tl.sum(b_q * b_dq - b_k * b_dk, axis=1)
+            b_dg = tl.sum(carry, axis=0) + tl.sum(d, axis=0) - tl.cumsum(d, axis=0) + d
+            tl.store(dg + i_t.to(tl.int64) * TT * H + rows * H + i_h, b_dg.to(dg.dtype.element_ty), mask=m)
+    else:
+        o_v = (i_t - NK) * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        m_tv = m[:, None] & m_v[None, :]
+        b_dv = tl.zeros([BT, BV], dtype=tl.float32)
+        for i_k in range(0, tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
+            if GATE > 0:
+                gc, gl = _load_gate(g, rows, m, i_h, o_k, m_k, H, K, GATE)
+                kg = (b_k.to(tl.float32) * tl.exp(gl[None, :] - gc)).to(b_k.dtype)
+            else:
+                kg = b_k
+            b_dS = tl.load(dh + p_s + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+            b_dv += tl.dot(kg, b_dS.to(kg.dtype))
+        p_v = (rows[:, None] * H + i_h) * V + o_v[None, :]
+        b_dv += tl.load(dv_i + p_v, mask=m_tv, other=0.)
+        tl.store(dv + p_v, b_dv.to(dv.dtype.element_ty), mask=m_tv)
+
+
+def _bwd(q, k, v, g, scale, h0, A, do, dht, cu_seqlens, need_dh0):
+    B, T, H, K, V, N, varlen, cidx, NC, cu, coff = _geometry(q, v, cu_seqlens)
+    gate = _gate_kind(g)
+    TT = B * T
+    gp = g if g is not None else q
+    dev = q.device
+    f32 = torch.float32
+    dq_i = torch.empty(TT, H, K, device=dev, dtype=f32)
+    dk_i = torch.empty(TT, H, K, device=dev, dtype=f32)
+    dv_i = torch.empty(TT, H, V, device=dev, dtype=f32)
+    bc, bki, bvi, nwi = _intra_cfg(gate, K, V)
+    _bwd_intra[(NC * (BT // bc), H)](q, k, v, gp, A, do, dq_i, dk_i, dv_i, cidx, T, scale, H, K=K, V=V,
+                                      GATE=gate, IS_VARLEN=varlen, BT=BT, BC=bc, BK=bki, BV=bvi, num_warps=nwi)
+    bk, bv, NK, NV, nws = _seq_cfg(K, V)
+    h = torch.empty(NC, H, K, V, device=dev, dtype=f32)
+    dh = torch.empty(NC, H, K, V, device=dev, dtype=f32)
+    dh0 = torch.empty(N, H, K, V, device=dev, dtype=f32) if need_dh0 else None
+    _bwd_states[(NK * NV, N * H, 2)](q, k, v, gp, do, h0 if h0 is not None else q, dht if dht is not None else q,
+                                     h, dh, dh0 if dh0 is not None else q, cu, coff, T, scale, H, K=K, V=V,
+                                     GATE=gate, IS_VARLEN=varlen, HAS_H0=h0 is not None, HAS_DHT=dht is not None,
+                                     STORE_DH0=need_dh0, BT=BT, BK=bk, BV=bv, NV=NV, num_warps=nws)
+    # tiles of the parallel kernel: those of the state sweep, at most 64 (128 x 128 needs 320 KB of shared memory)
+    bk, bv = min(bk, 64), min(bv, 64)
+    NK, NV = triton.cdiv(K, bk), triton.cdiv(V, bv)
+    dq = torch.empty(TT, H, K, device=dev, dtype=q.dtype)
+    dk = torch.empty(TT, H, K, device=dev, dtype=k.dtype)
+    dv = torch.empty(TT, H, V, device=dev, dtype=v.dtype)
+    dg = None
+    if gate == 2:
+        dg = torch.empty_like(g)
+    elif gate == 1:
+        dg = torch.empty(NK, TT, H, device=dev, dtype=g.dtype if NK == 1 else f32)
+    _bwd_inter[(NC, NK + NV, H)](q, k, v, gp, do, h, dh, dq_i, dk_i, dv_i, dq, dk, dv,
+                                 dg if dg is not None else q, cidx, T, TT, scale, H, K=K, V=V, GATE=gate,
+                                 IS_VARLEN=varlen, BT=BT, BK=bk, BV=bv, NK=NK, num_warps=8)
+    if gate == 1:
+        dg = (dg[0] if NK == 1 else dg.sum(0).to(g.dtype)).view(B, T, H)
+    return dq.view(B, T, H, K), dk.view(B, T, H, K), dv.view(B, T, H, V), dg, dh0
