@@ -1,11 +1,12 @@
 """Time and profile whole training steps: where does a step's GPU time go?
 
     python benchmarks/profile_step.py --mixer gla --d-model 256 --seq-len 512 --kv 64 --batch 128 \
-        --impls triton,torch [--profile]
+        --impls triton,torch --graphs on,off [--profile]
 
-For each kernel impl: ms per training step (task sampling + forward + backward + AdamW, the
-same work as sandbox/train.py) as the median over timed steps, and the ratio against the first
-impl. With --profile, the 15 largest GPU kernels of one step and the share of task sampling.
+For each kernel impl and CUDA-graph setting: ms per training step (task sampling + forward +
+backward + AdamW, the same work as sandbox/train.py, through the same GraphedStep) as the median
+over timed steps, and the ratio against the first combination. With --profile, the 15 largest
+GPU kernels of one step and the share of task sampling.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from sandbox.config import load_config
+from sandbox.graph_step import GraphedStep
 from sandbox.tasks import TrainBatches
 from sandbox.train import build, scored_positions
 
@@ -31,18 +33,21 @@ def make(args, impl):
     return build(cfg, torch.device(args.device))
 
 
-def step_fn(task, model, opt, batch, device):
-    auto = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-
+def step_fn(task, model, opt, batch, device, graph: bool):
     batches = TrainBatches(task, batch)      # as sandbox/train.py samples
 
-    def step(i):
-        x, y = batches[i]
+    def loss_fn(x, y):
         pos, y = scored_positions(y, task.max_targets)
-        with auto:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda",
+                            cache_enabled=not graph):
             loss = F.cross_entropy(model(x, pos).float().flatten(0, 1), y.flatten(), ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        return loss, loss
+
+    fb = GraphedStep(loss_fn, list(model.parameters()), torch.zeros((), device=device),
+                     capture_after=2 if graph else None)
+
+    def step(i):
+        fb(*batches[i])
         opt.step()
     return step
 
@@ -61,6 +66,7 @@ def main():
     p.add_argument("--kv", type=int, default=64)
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--impls", default="triton,torch")
+    p.add_argument("--graphs", default="on", help="CUDA graph settings to time, e.g. on,off")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -69,10 +75,13 @@ def main():
     args = p.parse_args()
     device = torch.device(args.device)
     results = {}
-    for impl in args.impls.split(","):
+    combos = [(i, g) for i in args.impls.split(",") for g in args.graphs.split(",")]
+    for impl, graph in combos:
         task, model = make(args, impl)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=device.type == "cuda")
-        step = step_fn(task, model, opt, args.batch, device)
+        graph = graph == "on" and device.type == "cuda"
+        step = step_fn(task, model, opt, args.batch, device, graph)
+        impl = f"{impl}+graph" if graph else impl
         for i in range(3):
             step(i)
         times = []
@@ -89,7 +98,7 @@ def main():
               f"{results[impl]:.2f} ms/step ({1000 / results[impl]:.1f} steps/s){peak}", flush=True)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        if args.profile and impl == args.impls.split(",")[0]:
+        if args.profile and len(results) == 1:   # the first combination
             sync(device)
             t = time.perf_counter()
             batches = TrainBatches(task, args.batch)
@@ -107,7 +116,7 @@ def main():
                 sync(device)
             key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
             print(prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=60))
-    first = args.impls.split(",")[0]
+    first = next(iter(results))
     for impl, ms in results.items():
         print(f"ratio {impl}/{first}: {ms / results[first]:.2f}")
 

@@ -63,6 +63,8 @@ class TrainConfig:
     log_every: int = 25
     device: str = "auto"                      # auto | cpu | cuda | cuda:N
     precision: Literal["auto", "fp32", "bf16"] = "auto"   # auto = bf16 autocast on CUDA
+    # replay forward+backward as a CUDA graph; auto = on CUDA when every mixer is graph_safe()
+    cuda_graph: bool | Literal["auto"] = "auto"
 
 
 @dataclass

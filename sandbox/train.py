@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from sandbox.config import RunConfig, flatten, to_dict
+from sandbox.graph_step import GraphedStep, graph_safe
 from sandbox.model import LanguageModel
 from sandbox.tasks import TrainBatches, make_task
 
@@ -47,6 +48,18 @@ def build(cfg: RunConfig, device: torch.device):
     torch.manual_seed(cfg.seed)
     model = LanguageModel(cfg.model, task.vocab_size, task.seq_len)
     return task, model.to(device)
+
+
+def use_cuda_graph(setting, device: torch.device, model) -> bool:
+    """``train.cuda_graph``: auto = on CUDA when every mixer is graph-safe; true insists."""
+    if setting == "auto":
+        return device.type == "cuda" and graph_safe(model)
+    if setting and device.type != "cuda":
+        raise ValueError(f"train.cuda_graph: true needs a CUDA device, got {device}")
+    if setting and not graph_safe(model):
+        names = sorted({m.mixer_name for m in model.mixers if not m.graph_safe()})
+        raise ValueError(f"train.cuda_graph: true, but mixer(s) {', '.join(names)} are not graph-safe")
+    return bool(setting)
 
 
 def lr_lambda(steps: int, warmup_frac: float) -> Callable[[int], float]:
@@ -127,6 +140,7 @@ def train(cfg: RunConfig, out_dir, *, progress: bool = True,
     task, model = build(cfg, device)
     use_bf16 = tc.precision == "bf16" or (tc.precision == "auto" and device.type == "cuda")
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
+    use_graph = use_cuda_graph(tc.cuda_graph, device, model)
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -195,6 +209,20 @@ def train(cfg: RunConfig, out_dir, *, progress: bool = True,
     title = cfg.name or f"{'+'.join(dict.fromkeys(cfg.model.layer_mixers()))} d{cfg.model.d_model}"
     model.train()
     loss_acc = torch.zeros((), device=device)
+    # a graph replays its casts, so autocast must not cache them across the capture
+    step_cast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=not use_graph)) \
+        if use_bf16 else nullcontext
+
+    def loss_fn(x, y):
+        pos, y = scored_positions(y, per_row)
+        with step_cast():
+            logits = model(x, pos)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
+            aux = model.aux_loss()
+        return (loss + aux if aux is not None else loss), loss
+
+    forward_backward = GraphedStep(loss_fn, list(model.parameters()), loss_acc,
+                                   capture_after=2 if use_graph else None)
     n_acc = 0
     t_log = time.perf_counter()
     steps_at_log = state["step"]
@@ -204,20 +232,11 @@ def train(cfg: RunConfig, out_dir, *, progress: bool = True,
             bar_task = bar.add_task("train", total=tc.steps, completed=state["step"], info="")
             while state["step"] < tc.steps and not stopped:
                 step = state["step"]
-                x, y = batches[step]
-                pos, y = scored_positions(y, per_row)
-                with autocast():
-                    logits = model(x, pos)
-                    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
-                    aux = model.aux_loss()
-                    total = loss + aux if aux is not None else loss
-                opt.zero_grad(set_to_none=True)
-                total.backward()
+                forward_backward(*batches[step])
                 if tc.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
                 opt.step()
                 sched.step()
-                loss_acc += loss.detach()
                 n_acc += 1
                 state["step"] = step = step + 1
                 last = step == tc.steps

@@ -48,6 +48,9 @@ class Attention(Mixer):
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.out(o.transpose(1, 2).reshape(b, t, d))
 
+    def graph_safe(self) -> bool:
+        return True
+
     def state_size(self, seq_len: int) -> int:
         span = seq_len if self.cfg.window is None else min(seq_len, self.cfg.window)
         return 2 * span * self.ctx.d_model

@@ -7,6 +7,7 @@ into it, so every mixer owns its fields and the loader validates them strictly.
 Optional extras a mixer may override:
   * ``aux_loss()``  -> scalar tensor added to the training loss (balance losses, penalties);
   * ``state_size(seq_len)`` -> recurrent state size in elements per sequence;
+  * ``graph_safe()`` -> True when a training step with this mixer may be a CUDA graph;
   * capture: while ``self.capture`` is a dict, ``forward`` stores analysis tensors in it
     (``keys``, ``values``, ``routing``, ``final_state``, ``gates`` ...) without changing
     the computation. ``record(name, tensor)`` does the bookkeeping.
@@ -47,6 +48,12 @@ class Mixer(nn.Module):
 
     def aux_loss(self) -> torch.Tensor | None:
         return None
+
+    def graph_safe(self) -> bool:
+        """Whether forward and backward keep static shapes and never wait on the host, so a
+        training step can be captured as a CUDA graph (``sandbox/graph_step.py``). Off unless a
+        mixer has been checked."""
+        return False
 
     def state_size(self, seq_len: int) -> int:
         """Elements of recurrent state per sequence (attention: its KV cache)."""

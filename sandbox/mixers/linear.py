@@ -252,6 +252,9 @@ class LinearMixer(Mixer):
     def aux_loss(self):
         return self._aux
 
+    def graph_safe(self) -> bool:
+        return True  # fixed shapes; the kernels' only host reads are on the varlen path
+
     def state_size(self, seq_len: int) -> int:
         n = self.H * self.K * (self.V + (1 if self.cfg.normalize else 0))
         if self.conv is not None:

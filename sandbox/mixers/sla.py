@@ -53,5 +53,8 @@ class SLA(Mixer):
     def aux_loss(self):
         return self.core.aux_loss()
 
+    def graph_safe(self) -> bool:
+        return self.core.graph_safe()
+
     def state_size(self, seq_len: int) -> int:
         return self.core.state_size(seq_len)

@@ -130,6 +130,10 @@ class PartitionedMixer(Mixer):
     def aux_loss(self):
         return self._aux
 
+    def graph_safe(self) -> bool:
+        # masking has fixed shapes; varlen sorts the routed tokens (data-dependent sizes)
+        return resolve_impl(self.cfg.impl, self.ctx.max_seq_len, self.cfg.n) == "masking"
+
     def state_size(self, seq_len: int) -> int:
         return (self.n + int(self.shared)) * self.H * self.K * self.V
 

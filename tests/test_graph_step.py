@@ -1,0 +1,65 @@
+"""CUDA-graph training steps: who may use them, clear errors, and (on a GPU) the same weights as eager."""
+import copy
+
+import pytest
+import torch
+
+from sandbox.config import load_config
+from sandbox.train import build, train, use_cuda_graph
+
+BASE = {"task": {"name": "mqar", "seq_len": 32, "num_kv_pairs": 4, "vocab_size": 64, "test_examples": 64},
+        "model": {"mixer": "gla", "d_model": 64, "n_layers": 2, "n_heads": 2},
+        "train": {"steps": 30, "batch_size": 16, "lr": 3e-3, "eval_every": 15, "log_every": 5,
+                  "eval_batch_size": 64, "early_stop": None}}
+
+
+def model_for(**model):
+    data = copy.deepcopy(BASE)
+    data["model"].update(model)
+    return build(load_config(data=data), torch.device("cpu"))[1]
+
+
+@pytest.mark.parametrize("model, safe", [
+    (dict(mixer="gla"), True),
+    (dict(mixer="gated_deltanet"), True),
+    (dict(mixer="attention"), True),
+    (dict(mixer="sla", sla={"base": "gla"}), True),
+    (dict(mixer="sse", sse={"n": 4, "k": 1, "impl": "masking"}), True),
+    (dict(mixer="sse", sse={"n": 4, "k": 1, "impl": "varlen"}), False),   # sorts routed tokens
+    (dict(mixer=["gla", "lte"]), False),                                   # unaudited: eager
+])
+def test_graph_safety_follows_the_mixers(model, safe):
+    m = model_for(**model)
+    cuda = torch.device("cuda")
+    assert use_cuda_graph("auto", cuda, m) is safe
+    assert use_cuda_graph("auto", torch.device("cpu"), m) is False
+    assert use_cuda_graph(False, cuda, m) is False
+    if not safe:
+        with pytest.raises(ValueError, match="not graph-safe"):
+            use_cuda_graph(True, cuda, m)
+
+
+def test_forcing_a_graph_on_cpu_is_a_clear_error(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["train"].update(device="cpu", cuda_graph=True)
+    with pytest.raises(ValueError, match="train.cuda_graph: true needs a CUDA device"):
+        train(load_config(data=data), tmp_path, progress=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("mixer", ["gla", "attention"])
+def test_graph_training_matches_eager(tmp_path, mixer):
+    """Same seed, same batches: replayed steps give the weights and losses of eager steps."""
+    runs = {}
+    for graph in (False, True):
+        data = copy.deepcopy(BASE)
+        data["model"]["mixer"] = mixer
+        data["train"]["cuda_graph"] = graph
+        res = train(load_config(data=data), tmp_path / str(graph), progress=False)
+        sd = torch.load(tmp_path / str(graph) / "checkpoint.pt", weights_only=False)["model"]
+        runs[graph] = res, sd
+    (r0, a), (r1, b) = runs[False], runs[True]
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=1e-4, msg=k)
+    assert [h["test/loss"] for h in r1["history"]] == pytest.approx([h["test/loss"] for h in r0["history"]],
+                                                                     rel=1e-3)
