@@ -75,10 +75,14 @@ class GraphedStep:
             p.grad = None
         torch.cuda.synchronize()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, stream=self.stream):
-            total, loss = self.loss_fn(self.x, self.y)
-            total.backward()
-            self.loss_sum += loss.detach()
+        try:
+            with torch.cuda.graph(self.graph, stream=self.stream):
+                total, loss = self.loss_fn(self.x, self.y)
+                total.backward()
+                self.loss_sum += loss.detach()
+        except Exception as e:   # a host sync in some mixer: name the way out
+            raise RuntimeError(f"CUDA graph capture failed ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                               f"a mixer is not graph-safe: set train.cuda_graph: false") from e
         unused = sum(p.grad is None for p in self.params)
         if unused:
             raise RuntimeError(f"CUDA graph: {unused} parameters got no gradient in the captured step "

@@ -47,13 +47,16 @@ def test_forcing_a_graph_on_cpu_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("mixer", ["gla", "attention"])
-def test_graph_training_matches_eager(tmp_path, mixer):
+@pytest.mark.parametrize("model", [dict(mixer="gla"), dict(mixer="attention"), dict(mixer="deltanet"),
+                                   dict(mixer="gated_deltanet", gated_deltanet={"topk": 8}), dict(mixer="gsa"),
+                                   dict(mixer="sse", sse={"n": 4, "k": 1, "impl": "masking"})],
+                         ids=["gla", "attention", "deltanet", "gdn_topk", "gsa", "sse"])
+def test_graph_training_matches_eager(tmp_path, model):
     """Same seed, same batches: replayed steps give the weights and losses of eager steps."""
     runs = {}
     for graph in (False, True):
         data = copy.deepcopy(BASE)
-        data["model"]["mixer"] = mixer
+        data["model"].update(model)
         data["train"]["cuda_graph"] = graph
         res = train(load_config(data=data), tmp_path / str(graph), progress=False)
         sd = torch.load(tmp_path / str(graph) / "checkpoint.pt", weights_only=False)["model"]

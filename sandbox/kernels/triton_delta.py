@@ -265,8 +265,9 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=1.0, initial_state=None, ou
     dt = _operand_dtype(q, K)
     o, ht = DeltaScan.apply(*(x.to(dt).contiguous() for x in (qg, kl, w, u, aqk)), el.contiguous(), h0, co, N,
                             bool(output_final_state))
-    # back to [B, T, H, V]: position of each time row in the chunk layout
-    pos = torch.empty(TT, dtype=torch.long, device=q.device)
-    pos[idx[valid]] = torch.arange(NC * C, device=q.device).view(NC, C)[valid]
-    o = o.permute(0, 2, 1, 3).reshape(NC * C, H, V)[pos]
+    # back to [B, T, H, V]: position of each time row in the chunk layout (padding rows all land
+    # on a spare slot TT: a scatter with fixed shapes, no host sync, so a CUDA graph can hold it)
+    pos = torch.empty(TT + 1, dtype=torch.long, device=q.device)
+    pos.scatter_(0, torch.where(valid, idx, TT).reshape(-1), torch.arange(NC * C, device=q.device))
+    o = o.permute(0, 2, 1, 3).reshape(NC * C, H, V)[pos[:TT]]
     return o.view(B, T, H, V).to(v.dtype), ht
