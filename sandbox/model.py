@@ -26,6 +26,13 @@ class SwiGLU(nn.Module):
         return self.down(F.silu(a) * b)
 
 
+def autocast_input(h: torch.Tensor) -> torch.Tensor:
+    """Under autocast the norms return float32 and every Linear of a mixer would cast that input
+    to bf16 on its own (five times in GLA, and five casts back in the backward): cast once."""
+    dev = h.device.type
+    return h.to(torch.get_autocast_dtype(dev)) if torch.is_autocast_enabled(dev) else h
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, mixer: Mixer):
         super().__init__()
@@ -35,9 +42,9 @@ class Block(nn.Module):
         self.norm2 = make_norm(cfg.norm, cfg.d_model) if self.mlp is not None else None
 
     def forward(self, x):
-        x = x + self.mixer(self.norm1(x))
+        x = x + self.mixer(autocast_input(self.norm1(x)))
         if self.mlp is not None:
-            x = x + self.mlp(self.norm2(x))
+            x = x + self.mlp(autocast_input(self.norm2(x)))
         return x
 
 
