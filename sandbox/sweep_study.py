@@ -176,14 +176,18 @@ def holds(trial) -> bool:
 def enqueue_points(study, spec, retry_failed: bool = False) -> int:
     """Queue every point no trial holds yet; ``retry_failed``: also those whose trials failed."""
     from optuna.trial import TrialState
-    held = {t.user_attrs.get("point_id") for t in trials_in(study)
+    trials = trials_in(study)
+    held = {t.user_attrs.get("point_id") for t in trials
             if holds(t) and not (retry_failed and t.state == TrialState.FAIL)}
+    failed = {t.user_attrs.get("point_id"): t.number for t in trials if t.state == TrialState.FAIL and holds(t)}
     n = 0
     for p in spec.points():
         if p.point_id in held:
             continue
-        study.enqueue_trial({}, user_attrs={"grid": p.grid, "tune": p.tune, "sample": p.sample,
-                                            "grid_id": p.grid_id, "point_id": p.point_id})
+        attrs = {"grid": p.grid, "tune": p.tune, "sample": p.sample, "grid_id": p.grid_id, "point_id": p.point_id}
+        if p.point_id in failed:   # the worker must not take the failed trial for a duplicate
+            attrs.update(retry_of=failed[p.point_id], retry_reason="--retry-failed")
+        study.enqueue_trial({}, user_attrs=attrs)
         n += 1
     return n
 

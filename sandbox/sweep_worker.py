@@ -56,7 +56,10 @@ class _Worker:
                 storage.record_heartbeat(t._trial_id)
             storage.set_trial_user_attr(t._trial_id, "worker", f"{HOST}:{os.getpid()}:{self.gpu or 'cpu'}")
             point = t.user_attrs.get("point_id")
+            retry = "retry_of" in t.user_attrs      # earlier failures of its point are what it retries
             for o in trials_in(self.study):
+                if retry and o.state == TrialState.FAIL and o.number < t.number:
+                    continue
                 if o.number != t.number and o.user_attrs.get("point_id") == point and holds(o) and (
                         o.state not in (TrialState.RUNNING, TrialState.WAITING) or o.number < t.number):
                     storage.set_trial_user_attr(t._trial_id, "duplicate_of", o.number)

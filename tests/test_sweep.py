@@ -191,6 +191,11 @@ def test_diverging_and_raising_trials_are_recorded_failed(tmp_path, capsys):
     r3 = run_sweep(path, out, "--retry-failed")
     assert r3.returncode == 0 and "(3 newly queued)" in r3.stdout, r3.stdout + r3.stderr
     assert len(trials_of(out)) == 7 and len(completed_points(trials_of(out))) == 1
+    # the retries really ran (and failed again for their own reasons, not as duplicates)
+    retries = [t for t in trials_of(out) if t.number >= 4]
+    assert all("duplicate_of" not in t.user_attrs for t in retries), [t.user_attrs for t in retries]
+    assert sorted(t.user_attrs["failure"].split(":")[0] for t in retries) == sorted(
+        t.user_attrs["failure"].split(":")[0] for t in trials_of(out) if t.number < 4 and t.state.name == "FAIL")
 
 
 # ---- pruning ----------------------------------------------------------------------------------------
