@@ -139,8 +139,10 @@ def train(cfg: RunConfig, out_dir, *, progress: bool = True,
     tc = cfg.train
     task, model = build(cfg, device)
     use_bf16 = tc.precision == "bf16" or (tc.precision == "auto" and device.type == "cuda")
-    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
     use_graph = use_cuda_graph(tc.cuda_graph, device, model)
+    # a graph replays its casts, so autocast must not cache them across the capture
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=not use_graph)) \
+        if use_bf16 else nullcontext
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -209,13 +211,10 @@ def train(cfg: RunConfig, out_dir, *, progress: bool = True,
     title = cfg.name or f"{'+'.join(dict.fromkeys(cfg.model.layer_mixers()))} d{cfg.model.d_model}"
     model.train()
     loss_acc = torch.zeros((), device=device)
-    # a graph replays its casts, so autocast must not cache them across the capture
-    step_cast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=not use_graph)) \
-        if use_bf16 else nullcontext
 
     def loss_fn(x, y):
         pos, y = scored_positions(y, per_row)
-        with step_cast():
+        with autocast():
             logits = model(x, pos)
             loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
             aux = model.aux_loss()
