@@ -87,6 +87,17 @@ def test_chunk_gla_strong_decay_stays_finite():
     _compare(gla, _inputs(1, 90, 1, 16, 16, "diag", decay=(-6.0, 4.0)))
 
 
+def test_chunk_gla_blocks_on_both_sides_of_the_product_limit():
+    # 16-row blocks that decay by less than 40 (log) go through the reference-row matrix product, the
+    # others through the exact column sum: this input has both kinds in one call
+    inp = _inputs(1, 128, 1, 16, 16, "diag", decay=(-1.5, 2.0))
+    gc = inp["g"].view(1, 2, 64, 1, 16).cumsum(2)  # chunk-local cumulative decay
+    blocks = gc.view(1, 2, 4, 16, 16)
+    span = (blocks[:, :, :, 0] - blocks[:, :, :, -1]).amax(-1)  # per block: largest decay over its rows
+    assert (span < 40).any() and (span >= 40).any(), span
+    _compare(gla, inp)
+
+
 def test_chunk_gla_varlen_with_empty_segments():
     cu = torch.tensor([0, 30, 30, 95, 95, 100])
     _compare(gla, _inputs(1, 100, 2, 20, 24, "diag", N=5), cu=cu)

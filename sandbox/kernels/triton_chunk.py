@@ -63,9 +63,55 @@ def _seq_bounds(i_n, cu, T, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _fwd_intra(q, k, g, A, cidx, T, scale,
+def _gate_prep(q, k, g, gc, qg, kg, cidx, T, H, K: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+               BT: tl.constexpr, BK: tl.constexpr):
+    """Per chunk and [BT, BK] tile: gc = chunk-local cumulative log-decay (fp32), qg = q exp(gc) and
+    kg = k exp(gl - gc) in the input dtype (gl = the chunk's total).  The state recurrences then only
+    scale by exp(gl) and multiply, and every later kernel loads gc instead of scanning g again."""
+    i_c, i_k, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t0, t1 = _chunk_bounds(i_c, cidx, T, IS_VARLEN, BT)
+    rows = t0 + tl.arange(0, BT)
+    m = rows < t1
+    o_k = i_k * BK + tl.arange(0, BK)
+    p = (rows[:, None] * H + i_h) * K + o_k[None, :]
+    mk = m[:, None] & (o_k < K)[None, :]
+    if GATE == 2:
+        b = tl.cumsum(tl.load(g + p, mask=mk, other=0.).to(tl.float32), axis=0)
+        tl.store(gc + p, b, mask=mk)
+        gl = tl.sum(tl.where(rows == t1 - 1, 1., 0.)[:, None] * b, axis=0)[None, :]
+    else:
+        b1 = tl.cumsum(tl.load(g + rows * H + i_h, mask=m, other=0.).to(tl.float32), axis=0)
+        if i_k == 0:
+            tl.store(gc + rows * H + i_h, b1, mask=m)
+        b = b1[:, None]
+        gl = tl.sum(tl.where(rows == t1 - 1, b1, 0.), axis=0)
+    b_q = tl.load(q + p, mask=mk, other=0.).to(tl.float32)
+    b_k = tl.load(k + p, mask=mk, other=0.).to(tl.float32)
+    tl.store(qg + p, (b_q * tl.exp(b)).to(qg.dtype.element_ty), mask=mk)
+    tl.store(kg + p, (b_k * tl.exp(tl.where(mk, gl - b, 0.))).to(kg.dtype.element_ty), mask=mk)
+
+
+@triton.jit
+def _diag_block_fits(gc, ts, t1, i_h, H, K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, LIM: tl.constexpr):
+    """Whether the BC-row block starting at row ts decays by less than LIM (in log) over its rows in every
+    channel.  Then exp(gc_first - gc_j) stays below exp(LIM) inside it, and the block's own pairs can go
+    through the same reference-row matrix product as the earlier blocks; otherwise they are summed
+    exactly, one column at a time."""
+    last = tl.minimum(ts + BC, t1) - 1
+    d = tl.zeros([BK], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        r0 = tl.load(gc + (ts * H + i_h) * K + o_k, mask=m_k, other=0.)
+        r1 = tl.load(gc + (last * H + i_h) * K + o_k, mask=m_k, other=0.)
+        d = tl.maximum(d, r0 - r1)
+    return tl.max(d, axis=0) < LIM
+
+
+@triton.jit
+def _fwd_intra(q, k, gc, A, cidx, T, scale,
                H, K: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
-               BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
+               BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, LIM: tl.constexpr):
     i_cb, i_h = tl.program_id(0), tl.program_id(1)
     NB: tl.constexpr = BT // BC
     i_c = i_cb // NB
@@ -79,16 +125,17 @@ def _fwd_intra(q, k, g, A, cidx, T, scale,
         cols = t0 + o_c
         m_r = rows < t1
         m_c = cols < t1
+        rl = tl.minimum(rows, t1 - 1)  # gc rows past the end repeat the last one (no exp overflow there)
+        cl = tl.minimum(cols, t1 - 1)
         bs = i_b * BC  # block start, chunk-local
         acc = tl.zeros([BC, BT], dtype=tl.float32)
         if GATE == 2:
             accd = tl.zeros([BC, BC], dtype=tl.float32)
+            fast = _diag_block_fits(gc, ts, t1, i_h, H, K, BC, BK, LIM)
+            hi = tl.where(fast, bs + BC, bs)  # columns the reference-row product covers
         if GATE == 1:
-            g_c = tl.load(g + cols * H + i_h, mask=m_c, other=0.).to(tl.float32)
-            gc_c = tl.cumsum(g_c, axis=0)
-            off = tl.sum(tl.where(o_c < bs, g_c, 0.), axis=0)
-            g_r = tl.load(g + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            gc_r = tl.cumsum(g_r, axis=0) + off
+            gc_c = tl.load(gc + cl * H + i_h)
+            gc_r = tl.load(gc + rl * H + i_h)
         for i_k in range(0, tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
@@ -97,56 +144,63 @@ def _fwd_intra(q, k, g, A, cidx, T, scale,
             b_k = tl.load(k + (cols[:, None] * H + i_h) * K + o_k[None, :],
                           mask=m_c[:, None] & m_k[None, :], other=0.)
             if GATE == 2:
-                b_g = tl.load(g + (cols[:, None] * H + i_h) * K + o_k[None, :],
-                              mask=m_c[:, None] & m_k[None, :], other=0.).to(tl.float32)
-                gc_c = tl.cumsum(b_g, axis=0)
-                off = tl.sum(tl.where((o_c < bs)[:, None], b_g, 0.), axis=0)
-                g_r = tl.load(g + (rows[:, None] * H + i_h) * K + o_k[None, :],
-                              mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-                gc_r = tl.cumsum(g_r, axis=0) + off[None, :]
-                ref = tl.sum(tl.where((o_c <= bs)[:, None], b_g, 0.), axis=0)  # gc at block's first row
+                gc_c = tl.load(gc + (cl[:, None] * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.)
+                gc_r = tl.load(gc + (rl[:, None] * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.)
+                ref = tl.load(gc + (ts * H + i_h) * K + o_k, mask=m_k, other=0.)  # gc at the block's first row
                 qg = (b_q.to(tl.float32) * tl.exp(gc_r - ref[None, :])).to(b_k.dtype)
-                ek = tl.exp(tl.where((o_c < bs)[:, None], ref[None, :] - gc_c, float("-inf")))
+                ek = tl.exp(tl.where((o_c < hi)[:, None], ref[None, :] - gc_c, float("-inf")))
                 kg = (b_k.to(tl.float32) * ek).to(b_k.dtype)
                 acc += tl.dot(qg, tl.trans(kg))
-                # diagonal sub-block, exactly: e3[i, j, k] = exp(gc_ik - gc_jk) for j <= i
-                b_kr = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :],
-                               mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-                e3 = tl.exp(tl.where((o_r[:, None] >= o_r[None, :])[:, :, None],
-                                     gc_r[:, None, :] - gc_r[None, :, :], float("-inf")))
-                accd += tl.sum(b_q.to(tl.float32)[:, None, :] * b_kr[None, :, :] * e3, axis=2)
+                if not fast:
+                    # the diagonal sub-block, exactly, one column j at a time: exp(gc_i - gc_j), i >= j
+                    b_qf = b_q.to(tl.float32)
+                    for j in range(0, BC):
+                        tj = tl.minimum(ts + j, t1 - 1)  # rows past the end only meet masked rows
+                        k_j = tl.load(k + (tj * H + i_h) * K + o_k, mask=m_k, other=0.).to(tl.float32)
+                        g_j = tl.load(gc + (tj * H + i_h) * K + o_k, mask=m_k, other=0.)
+                        e = tl.exp(tl.where(((o_r >= j) & m_r)[:, None], gc_r - g_j[None, :], float("-inf")))
+                        a_j = tl.sum(b_qf * k_j[None, :] * e, axis=1)
+                        accd += tl.where(o_r[None, :] == j, a_j[:, None], 0.)
             else:
                 acc += tl.dot(b_q, tl.trans(b_k))
         m_A = (o_c[None, :] <= (bs + o_r)[:, None]) & m_c[None, :]
         if GATE == 1:
-            acc = acc * tl.exp(tl.where(m_A, gc_r[:, None] - gc_c[None, :], float("-inf")))
+            acc = acc * tl.exp(tl.where(m_A & m_r[:, None], gc_r[:, None] - gc_c[None, :], float("-inf")))
         acc = tl.where(m_A, acc * scale, 0.)
         if GATE == 2:
-            # the diagonal block's columns are written from accd
-            m_off = (o_c < bs) | (o_c >= bs + BC)
+            # the diagonal block's columns come from accd unless the product covered them
+            m_off = (o_c < hi) | (o_c >= bs + BC)
             tl.store(A + (rows[:, None] * H + i_h) * BT + o_c[None, :], acc, mask=m_r[:, None] & m_off[None, :])
             m_d = (o_r[None, :] <= o_r[:, None]) & m_r[None, :]
             tl.store(A + (rows[:, None] * H + i_h) * BT + bs + o_r[None, :], tl.where(m_d, accd * scale, 0.),
-                     mask=m_r[:, None])
+                     mask=m_r[:, None] & (bs + o_r >= hi)[None, :])
         else:
             tl.store(A + (rows[:, None] * H + i_h) * BT + o_c[None, :], acc, mask=m_r[:, None])
 
 
 @triton.jit
-def _load_gate(g, rows, m, i_h, o_k, m_k, H, K: tl.constexpr, GATE: tl.constexpr):
-    """Chunk-local cumulative log-decay: a [BT, BK] (diagonal) or [BT, 1] (scalar) tile, and its last row."""
+def _load_gate(gc, rows, m, t_last, i_h, o_k, m_k, H, K: tl.constexpr, GATE: tl.constexpr):
+    """The chunk's cumulative log-decay: a [BT, BK] (diagonal) or [BT, 1] (scalar) tile, and its last
+    row (row t_last, the chunk's total decay)."""
     if GATE == 2:
-        b_g = tl.load(g + (rows[:, None] * H + i_h) * K + o_k[None, :],
-                      mask=m[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        return tl.cumsum(b_g, axis=0), tl.sum(b_g, axis=0)
+        b_gc = tl.load(gc + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
+        return b_gc, _total_decay(gc, t_last, i_h, o_k, m_k, H, K, GATE)
     else:
-        b_g = tl.load(g + rows * H + i_h, mask=m, other=0.).to(tl.float32)
-        gc = tl.cumsum(b_g, axis=0)
-        return gc[:, None], tl.sum(b_g, axis=0) + tl.zeros([1], dtype=tl.float32)
+        b_gc = tl.load(gc + rows * H + i_h, mask=m, other=0.)
+        return b_gc[:, None], _total_decay(gc, t_last, i_h, o_k, m_k, H, K, GATE)
 
 
 @triton.jit
-def _fwd_seq(q, k, v, g, A, o, h0, ht, cu, T, TT, scale,
+def _total_decay(gc, t_last, i_h, o_k, m_k, H, K: tl.constexpr, GATE: tl.constexpr):
+    """gl, the chunk's total log-decay (gc at its last row t_last): [BK] (diagonal) or [1] (scalar)."""
+    if GATE == 2:
+        return tl.load(gc + (t_last * H + i_h) * K + o_k, mask=m_k, other=0.)
+    else:
+        return tl.load(gc + t_last * H + i_h) + tl.zeros([1], dtype=tl.float32)
+
+
+@triton.jit
+def _fwd_seq(qg, kg, v, gc, A, o, h0, ht, cu, T, TT, scale,
              H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr,
              IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
              BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
@@ -169,23 +223,16 @@ def _fwd_seq(q, k, v, g, A, o, h0, ht, cu, T, TT, scale,
     for t0 in range(bos, eos, BT):
         rows = t0 + o_t
         m = rows < eos
-        b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
-        b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
+        b_q = tl.load(qg + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
+        b_k = tl.load(kg + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
         b_v = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m[:, None] & m_v[None, :], other=0.)
-        if GATE > 0:
-            gc, gl = _load_gate(g, rows, m, i_h, o_k, m_k, H, K, GATE)
-            qg = (b_q.to(tl.float32) * tl.exp(gc)).to(b_q.dtype)
-            kg = (b_k.to(tl.float32) * tl.exp(gl[None, :] - gc)).to(b_k.dtype)
-        else:
-            qg = b_q
-            kg = b_k
-        b_o = tl.dot(qg, S.to(b_q.dtype)) * scale
+        b_o = tl.dot(b_q, S.to(b_q.dtype)) * scale
         if i_k == 0:
             b_A = tl.load(A + (rows[:, None] * H + i_h) * BT + o_t[None, :], mask=m[:, None], other=0.)
             b_o += tl.dot(b_A.to(b_v.dtype), b_v)
         if GATE > 0:
-            S = S * tl.exp(gl)[:, None]
-        S += tl.dot(tl.trans(kg), b_v)
+            S = S * tl.exp(_total_decay(gc, tl.minimum(t0 + BT, eos) - 1, i_h, o_k, m_k, H, K, GATE))[:, None]
+        S += tl.dot(tl.trans(b_k), b_v)
         tl.store(o_base + (rows[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
                  mask=m[:, None] & m_v[None, :])
     if STORE_HT:
@@ -235,6 +282,13 @@ def _geometry(q, v, cu_seqlens):
     return B, T, H, K, V, N, varlen, cidx, NC, cu, coff
 
 
+def diag_block_limit(dtype) -> float:
+    """Largest log-decay across one 16-row block for which its pairs use the reference-row product:
+    the decayed keys then grow by at most exp(40) ~ 2e17, far inside the bf16 / fp32 range.  fp16
+    (largest value 65504) always takes the exact column-by-column sum."""
+    return 0.0 if dtype == torch.float16 else 40.0
+
+
 def _intra_cfg(gate: int, K: int, V: int):
     """(rows per program, K tile, V tile, warps) of the intra-chunk kernels. Diagonal gate: measured
     on the H200 over BC 16/32, BK 32/64, BV 64/128, 4/8 warps (benchmarks/intra_configs.py); 16-row
@@ -251,24 +305,37 @@ def _seq_cfg(K: int, V: int):
     return bk, bv, triton.cdiv(K, bk), triton.cdiv(V, bv), 8
 
 
+def gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen):
+    """(gc, qg, kg): chunk-local cumulative log-decay (fp32, g's shape) and the decayed q and k;
+    (q, q, k) without a gate (gc then unused)."""
+    if gate == 0:
+        return q, q, k
+    gc = torch.empty(g.shape, device=g.device, dtype=torch.float32)
+    qg, kg = torch.empty_like(q), torch.empty_like(k)
+    bk = max(16, min(64, _p2(K)))
+    _gate_prep[(NC, triton.cdiv(K, bk), H)](q, k, g, gc, qg, kg, cidx, T, H, K=K, GATE=gate, IS_VARLEN=varlen,
+                                            BT=BT, BK=bk, num_warps=4)
+    return gc, qg, kg
+
+
 def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
     B, T, H, K, V, N, varlen, cidx, NC, cu, _ = _geometry(q, v, cu_seqlens)
     gate = _gate_kind(g)
     TT = B * T
-    gp = g if g is not None else q
+    gc, qg, kg = gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen)
     A = torch.empty(TT, H, BT, device=q.device, dtype=torch.float32)
     bc, bki, _, nwi = _intra_cfg(gate, K, V)
-    _fwd_intra[(NC * (BT // bc), H)](q, k, gp, A, cidx, T, scale, H, K=K, GATE=gate, IS_VARLEN=varlen,
-                                      BT=BT, BC=bc, BK=bki, num_warps=nwi)
+    _fwd_intra[(NC * (BT // bc), H)](q, k, gc, A, cidx, T, scale, H, K=K, GATE=gate, IS_VARLEN=varlen,
+                                      BT=BT, BC=bc, BK=bki, LIM=diag_block_limit(q.dtype), num_warps=nwi)
     bk, bv, NK, NV, nws = _seq_cfg(K, V)
     o = torch.empty(NK, TT, H, V, device=q.device, dtype=q.dtype if NK == 1 else torch.float32)
     ht = torch.empty(N, H, K, V, device=q.device, dtype=torch.float32) if output_final_state else None
-    _fwd_seq[(NV, NK, N * H)](q, k, v, gp, A, o, h0 if h0 is not None else q, ht if ht is not None else q,
+    _fwd_seq[(NV, NK, N * H)](qg, kg, v, gc, A, o, h0 if h0 is not None else q, ht if ht is not None else q,
                               cu, T, TT, scale, H, K=K, V=V, GATE=gate, IS_VARLEN=varlen,
                               HAS_H0=h0 is not None, STORE_HT=output_final_state, BT=BT, BK=bk, BV=bv,
                               num_warps=nws)
     o = o[0] if NK == 1 else o.sum(0).to(q.dtype)
-    return o.view(B, T, H, V), ht, A
+    return o.view(B, T, H, V), ht, A, (gc, qg, kg)
 
 
 class ChunkGLAFunction(torch.autograd.Function):
@@ -277,18 +344,20 @@ class ChunkGLAFunction(torch.autograd.Function):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         g = g.contiguous() if g is not None else None
         h0 = h0.contiguous() if h0 is not None else None
-        o, ht, A = _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens)
-        ctx.save_for_backward(q, k, v, g, h0, A, cu_seqlens)
+        o, ht, A, (gc, qg, kg) = _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens)
+        if g is None:
+            gc = qg = kg = None  # the same as q and k
+        ctx.save_for_backward(q, k, v, g, gc, qg, kg, h0, A, cu_seqlens)
         ctx.scale = scale
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, h0, A, cu_seqlens = ctx.saved_tensors
+        q, k, v, g, gc, qg, kg, h0, A, cu_seqlens = ctx.saved_tensors
         from sandbox.kernels.triton_chunk_bwd import _bwd  # imports this module's helpers
 
         need_dh0 = h0 is not None and ctx.needs_input_grad[4]
-        dq, dk, dv, dg, dh0 = _bwd(q, k, v, g, ctx.scale, h0, A, do.to(q.dtype).contiguous(),
+        dq, dk, dv, dg, dh0 = _bwd(q, k, v, g, gc, qg, kg, ctx.scale, h0, A, do.to(q.dtype).contiguous(),
                                    dht.contiguous() if dht is not None else None, cu_seqlens, need_dh0)
         return dq, dk, dv, dg, dh0, None, None, None
 

@@ -26,14 +26,15 @@ import torch
 import triton
 import triton.language as tl
 
-from sandbox.kernels.triton_chunk import (BT, _chunk_bounds, _gate_kind, _geometry, _intra_cfg, _load_gate,
+from sandbox.kernels.triton_chunk import (BT, _chunk_bounds, _diag_block_fits, _gate_kind, _geometry, _intra_cfg,
+                                          _load_gate, _total_decay, diag_block_limit,
                                           _seq_bounds, _seq_cfg)
 
 
 @triton.jit
-def _bwd_intra(q, k, v, g, A, do, dq, dk, dv, cidx, T, scale,
+def _bwd_intra(q, k, v, gc, A, do, dq, dk, dv, cidx, T, scale,
                H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
-               BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+               BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LIM: tl.constexpr):
     i_cb, i_h = tl.program_id(0), tl.program_id(1)
     NB: tl.constexpr = BT // BC
     i_c = i_cb // NB
@@ -47,6 +48,8 @@ def _bwd_intra(q, k, v, g, A, do, dq, dk, dv, cidx, T, scale,
         cols = t0 + o_c
         m_r = rows < t1
         m_c = cols < t1
+        rl = tl.minimum(rows, t1 - 1)  # gc rows past the end repeat the last one (no exp overflow there)
+        cl = tl.minimum(cols, t1 - 1)
         bs = i_b * BC
         be = bs + BC - 1
         # dA rows of this block (and, for the diagonal gate, its columns); dv of this block
@@ -54,6 +57,9 @@ def _bwd_intra(q, k, v, g, A, do, dq, dk, dv, cidx, T, scale,
         if GATE == 2:
             dA_c = tl.zeros([BT, BC], dtype=tl.float32)
             dAd = tl.zeros([BC, BC], dtype=tl.float32)
+            fast = _diag_block_fits(gc, ts, t1, i_h, H, K, BC, BK, LIM)
+            hi = tl.where(fast, bs + BC, bs)  # dq: columns < hi through the reference-row product
+            lo = tl.where(fast, bs, be + 1)  # dk: rows >= lo likewise
         b_Ac = tl.load(A + (cols[:, None] * H + i_h) * BT + bs + o_r[None, :], mask=m_c[:, None], other=0.)
         for i_v in range(0, tl.cdiv(V, BV)):
             o_v = i_v * BV + tl.arange(0, BV)
@@ -75,12 +81,9 @@ def _bwd_intra(q, k, v, g, A, do, dq, dk, dv, cidx, T, scale,
             dA_c = tl.where(m_Ac, dA_c * scale, 0.)
             dAd = tl.where((o_r[None, :] <= o_r[:, None]) & m_r[None, :], dAd * scale, 0.)
         if GATE == 1:
-            g_c = tl.load(g + cols * H + i_h, mask=m_c, other=0.).to(tl.float32)
-            gc_c = tl.cumsum(g_c, axis=0)
-            off = tl.sum(tl.where(o_c < bs, g_c, 0.), axis=0)
-            g_r = tl.load(g + rows * H + i_h, mask=m_r, other=0.).to(tl.float32)
-            gc_r = tl.cumsum(g_r, axis=0) + off
-            dA_r = dA_r * tl.exp(tl.where(m_A, gc_r[:, None] - gc_c[None, :], float("-inf")))
+            gc_c = tl.load(gc + cl * H + i_h)
+            gc_r = tl.load(gc + rl * H + i_h)
+            dA_r = dA_r * tl.exp(tl.where(m_A & m_r[:, None], gc_r[:, None] - gc_c[None, :], float("-inf")))
         for i_k in range(0, tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
@@ -89,28 +92,30 @@ def _bwd_intra(q, k, v, g, A, do, dq, dk, dv, cidx, T, scale,
             b_qc = tl.load(q + (cols[:, None] * H + i_h) * K + o_k[None, :], mask=m_ck, other=0.)
             b_kc = tl.load(k + (cols[:, None] * H + i_h) * K + o_k[None, :], mask=m_ck, other=0.)
             if GATE == 2:
-                b_qr = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_rk, other=0.).to(tl.float32)
-                b_kr = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_rk, other=0.).to(tl.float32)
-                b_g = tl.load(g + (cols[:, None] * H + i_h) * K + o_k[None, :], mask=m_ck, other=0.).to(tl.float32)
-                gc_c = tl.cumsum(b_g, axis=0)
-                off = tl.sum(tl.where((o_c < bs)[:, None], b_g, 0.), axis=0)
-                g_r = tl.load(g + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_rk, other=0.).to(tl.float32)
-                gc_r = tl.cumsum(g_r, axis=0) + off[None, :]
-                ref = tl.sum(tl.where((o_c <= bs)[:, None], b_g, 0.), axis=0)
-                ref2 = tl.sum(tl.where((o_c <= be)[:, None], b_g, 0.), axis=0)
+                gc_c = tl.load(gc + (cl[:, None] * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.)
+                gc_r = tl.load(gc + (rl[:, None] * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.)
+                ref = tl.load(gc + (ts * H + i_h) * K + o_k, mask=m_k, other=0.)  # the block's first row
+                ref2 = tl.load(gc + ((tl.minimum(ts + BC, t1) - 1) * H + i_h) * K + o_k, mask=m_k, other=0.)  # its last
                 # pairs with earlier sub-blocks
-                kg = (b_kc.to(tl.float32) * tl.exp(tl.where((o_c < bs)[:, None], ref[None, :] - gc_c, float("-inf"))))
-                b_dq = tl.dot(tl.where((o_c < bs)[None, :], dA_r, 0.).to(b_kc.dtype), kg.to(b_kc.dtype))
+                kg = (b_kc.to(tl.float32) * tl.exp(tl.where((o_c < hi)[:, None], ref[None, :] - gc_c, float("-inf"))))
+                b_dq = tl.dot(tl.where((o_c < hi)[None, :], dA_r, 0.).to(b_kc.dtype), kg.to(b_kc.dtype))
                 b_dq = b_dq * tl.exp(gc_r - ref[None, :])
-                qg = (b_qc.to(tl.float32) * tl.exp(tl.where((o_c > be)[:, None], gc_c - ref2[None, :], float("-inf"))))
-                b_dk = tl.dot(tl.trans(tl.where((o_c > be)[:, None], dA_c, 0.).to(b_qc.dtype)), qg.to(b_qc.dtype))
+                qg = (b_qc.to(tl.float32) * tl.exp(tl.where(((o_c >= lo) & m_c)[:, None], gc_c - ref2[None, :],
+                                                           float("-inf"))))
+                b_dk = tl.dot(tl.trans(tl.where((o_c >= lo)[:, None], dA_c, 0.).to(b_qc.dtype)), qg.to(b_qc.dtype))
                 b_dk = b_dk * tl.exp(ref2[None, :] - gc_r)
-                # the diagonal sub-block, exactly: e3[i, j, k] = exp(gc_ik - gc_jk) for j <= i
-                e3 = tl.exp(tl.where((o_r[:, None] >= o_r[None, :])[:, :, None],
-                                     gc_r[:, None, :] - gc_r[None, :, :], float("-inf")))
-                w3 = dAd[:, :, None] * e3
-                b_dq += tl.sum(w3 * b_kr[None, :, :], axis=1)
-                b_dk += tl.sum(w3 * b_qr[:, None, :], axis=0)
+                if not fast:
+                    b_qr = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_rk, other=0.).to(tl.float32)
+                    # the diagonal sub-block, exactly, one column j at a time (dAd[i, j] exp(gc_i - gc_j), i >= j)
+                    for j in range(0, BC):
+                        tj = tl.minimum(ts + j, t1 - 1)  # rows past the end only meet masked rows
+                        k_j = tl.load(k + (tj * H + i_h) * K + o_k, mask=m_k, other=0.).to(tl.float32)
+                        g_j = tl.load(gc + (tj * H + i_h) * K + o_k, mask=m_k, other=0.)
+                        c_j = tl.sum(tl.where(o_r[None, :] == j, dAd, 0.), axis=1)  # column j of dAd
+                        w = tl.exp(tl.where(((o_r >= j) & m_r)[:, None], gc_r - g_j[None, :], float("-inf")))
+                        w = c_j[:, None] * w
+                        b_dq += w * k_j[None, :]
+                        b_dk += tl.where(o_r[:, None] == j, tl.sum(w * b_qr, axis=0)[None, :], 0.)
             else:
                 b_dq = tl.dot(dA_r.to(b_kc.dtype), b_kc)
                 b_dk = tl.dot(tl.trans(dA_r.to(b_qc.dtype)), b_qc)
@@ -119,7 +124,7 @@ def _bwd_intra(q, k, v, g, A, do, dq, dk, dv, cidx, T, scale,
 
 
 @triton.jit
-def _bwd_states(q, k, v, g, do, h0, dht, h, dh, dh0, cu, coff, T, scale,
+def _bwd_states(qg, kg, v, gc, do, h0, dht, h, dh, dh0, cu, coff, T, scale,
                 H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
                 HAS_H0: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr):
@@ -149,18 +154,15 @@ def _bwd_states(q, k, v, g, do, h0, dht, h, dh, dh0, cu, coff, T, scale,
         else:
             S = tl.zeros([BK, BV], dtype=tl.float32)
         for i in range(0, nc):
-            tl.store(h + (c0 + i).to(tl.int64) * H * K * V + p_c, S, mask=m_h)
+            tl.store(h + (c0 + i).to(tl.int64) * H * K * V + p_c, S.to(h.dtype.element_ty), mask=m_h)
             rows = bos + i * BT + o_t
             m = rows < eos
-            b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
+            b_k = tl.load(kg + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
             b_v = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m[:, None] & m_v[None, :], other=0.)
             if GATE > 0:
-                gc, gl = _load_gate(g, rows, m, i_h, o_k, m_k, H, K, GATE)
-                kg = (b_k.to(tl.float32) * tl.exp(gl[None, :] - gc)).to(b_k.dtype)
+                gl = _total_decay(gc, tl.minimum(bos + i * BT + BT, eos) - 1, i_h, o_k, m_k, H, K, GATE)
                 S = S * tl.exp(gl)[:, None]
-            else:
-                kg = b_k
-            S += tl.dot(tl.trans(kg), b_v)
+            S += tl.dot(tl.trans(b_k), b_v)
     else:
         if HAS_DHT:
             dS = tl.load(dht + p_h, mask=m_h, other=0.).to(tl.float32)
@@ -168,24 +170,21 @@ def _bwd_states(q, k, v, g, do, h0, dht, h, dh, dh0, cu, coff, T, scale,
             dS = tl.zeros([BK, BV], dtype=tl.float32)
         for i in range(0, nc):
             j = nc - 1 - i
-            tl.store(dh + (c0 + j).to(tl.int64) * H * K * V + p_c, dS, mask=m_h)
+            tl.store(dh + (c0 + j).to(tl.int64) * H * K * V + p_c, dS.to(dh.dtype.element_ty), mask=m_h)
             rows = bos + j * BT + o_t
             m = rows < eos
-            b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
+            b_q = tl.load(qg + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
             b_do = tl.load(do + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m[:, None] & m_v[None, :], other=0.)
             if GATE > 0:
-                gc, gl = _load_gate(g, rows, m, i_h, o_k, m_k, H, K, GATE)
-                qg = (b_q.to(tl.float32) * tl.exp(gc)).to(b_q.dtype)
+                gl = _total_decay(gc, tl.minimum(bos + j * BT + BT, eos) - 1, i_h, o_k, m_k, H, K, GATE)
                 dS = dS * tl.exp(gl)[:, None]
-            else:
-                qg = b_q
-            dS += tl.dot(tl.trans(qg), b_do) * scale
+            dS += tl.dot(tl.trans(b_q), b_do) * scale
         if STORE_DH0:
             tl.store(dh0 + p_h, dS, mask=m_h)
 
 
 @triton.jit
-def _bwd_inter(q, k, v, g, do, h, dh, dq_i, dk_i, dv_i, dq, dk, dv, dg, cidx, T, TT, scale,
+def _bwd_inter(q, k, v, gc, kg, do, h, dh, dq_i, dk_i, dv_i, dq, dk, dv, dg, cidx, T, TT, scale,
                H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK: tl.constexpr):
     """Tile axis < NK: dq, dk, dg of K tile i_t; otherwise dv of V tile i_t - NK; one chunk, one head."""
@@ -213,15 +212,15 @@ def _bwd_inter(q, k, v, g, do, h, dh, dq_i, dk_i, dv_i, dq, dk, dv, dg, cidx, T,
             b_dq += tl.dot(b_do, tl.trans(b_S.to(b_do.dtype)))
             b_dk += tl.dot(b_v, tl.trans(b_dS.to(b_v.dtype)))
             if GATE > 0:
-                hs += tl.sum(b_S * b_dS, axis=1)
+                hs += tl.sum(b_S.to(tl.float32) * b_dS.to(tl.float32), axis=1)
         b_dq = b_dq * scale
         p_k = (rows[:, None] * H + i_h) * K + o_k[None, :]
         b_q = tl.load(q + p_k, mask=m_tk, other=0.).to(tl.float32)
         b_k = tl.load(k + p_k, mask=m_tk, other=0.).to(tl.float32)
         if GATE > 0:
-            gc, gl = _load_gate(g, rows, m, i_h, o_k, m_k, H, K, GATE)
-            b_dq = b_dq * tl.exp(gc)
-            b_dk = b_dk * tl.exp(gl[None, :] - gc)
+            b_gc, gl = _load_gate(gc, rows, m, t1 - 1, i_h, o_k, m_k, H, K, GATE)
+            b_dq = b_dq * tl.exp(b_gc)
+            b_dk = b_dk * tl.exp(gl[None, :] - b_gc)
             # gradient flowing into later chunks through this chunk's decay: rowsum(S_end * dS_c)
             carry = tl.exp(gl) * hs + tl.sum(b_k * b_dk, axis=0)
         b_dq += tl.load(dq_i + p_k, mask=m_tk, other=0.)
@@ -245,24 +244,19 @@ def _bwd_inter(q, k, v, g, do, h, dh, dq_i, dk_i, dv_i, dq, dk, dv, dg, cidx, T,
         for i_k in range(0, tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
-            b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
-            if GATE > 0:
-                gc, gl = _load_gate(g, rows, m, i_h, o_k, m_k, H, K, GATE)
-                kg = (b_k.to(tl.float32) * tl.exp(gl[None, :] - gc)).to(b_k.dtype)
-            else:
-                kg = b_k
+            b_kg = tl.load(kg + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
             b_dS = tl.load(dh + p_s + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-            b_dv += tl.dot(kg, b_dS.to(kg.dtype))
+            b_dv += tl.dot(b_kg, b_dS.to(b_kg.dtype))
         p_v = (rows[:, None] * H + i_h) * V + o_v[None, :]
         b_dv += tl.load(dv_i + p_v, mask=m_tv, other=0.)
         tl.store(dv + p_v, b_dv.to(dv.dtype.element_ty), mask=m_tv)
 
 
-def _bwd(q, k, v, g, scale, h0, A, do, dht, cu_seqlens, need_dh0):
+def _bwd(q, k, v, g, gc, qg, kg, scale, h0, A, do, dht, cu_seqlens, need_dh0):
     B, T, H, K, V, N, varlen, cidx, NC, cu, coff = _geometry(q, v, cu_seqlens)
     gate = _gate_kind(g)
     TT = B * T
-    gp = g if g is not None else q
+    gp = gc if gc is not None else q
     dev = q.device
     f32 = torch.float32
     dq_i = torch.empty(TT, H, K, device=dev, dtype=f32)
@@ -270,12 +264,18 @@ def _bwd(q, k, v, g, scale, h0, A, do, dht, cu_seqlens, need_dh0):
     dv_i = torch.empty(TT, H, V, device=dev, dtype=f32)
     bc, bki, bvi, nwi = _intra_cfg(gate, K, V)
     _bwd_intra[(NC * (BT // bc), H)](q, k, v, gp, A, do, dq_i, dk_i, dv_i, cidx, T, scale, H, K=K, V=V,
-                                      GATE=gate, IS_VARLEN=varlen, BT=BT, BC=bc, BK=bki, BV=bvi, num_warps=nwi)
+                                      GATE=gate, IS_VARLEN=varlen, BT=BT, BC=bc, BK=bki, BV=bvi,
+                                      LIM=diag_block_limit(q.dtype), num_warps=nwi)
     bk, bv, NK, NV, nws = _seq_cfg(K, V)
-    h = torch.empty(NC, H, K, V, device=dev, dtype=f32)
-    dh = torch.empty(NC, H, K, V, device=dev, dtype=f32)
+    # the states are dot operands in the input dtype anyway: bf16 inputs store them in bf16 (half the
+    # traffic of the largest buffers); fp16 ones in fp32 (no fp16 range for undecayed states)
+    sdt = torch.bfloat16 if q.dtype == torch.bfloat16 else f32
+    h = torch.empty(NC, H, K, V, device=dev, dtype=sdt)
+    dh = torch.empty(NC, H, K, V, device=dev, dtype=sdt)
     dh0 = torch.empty(N, H, K, V, device=dev, dtype=f32) if need_dh0 else None
-    _bwd_states[(NK * NV, N * H, 2)](q, k, v, gp, do, h0 if h0 is not None else q, dht if dht is not None else q,
+    if gate == 0:
+        qg, kg = q, k
+    _bwd_states[(NK * NV, N * H, 2)](qg, kg, v, gp, do, h0 if h0 is not None else q, dht if dht is not None else q,
                                      h, dh, dh0 if dh0 is not None else q, cu, coff, T, scale, H, K=K, V=V,
                                      GATE=gate, IS_VARLEN=varlen, HAS_H0=h0 is not None, HAS_DHT=dht is not None,
                                      STORE_DH0=need_dh0, BT=BT, BK=bk, BV=bv, NV=NV, num_warps=nws)
@@ -290,7 +290,7 @@ def _bwd(q, k, v, g, scale, h0, A, do, dht, cu_seqlens, need_dh0):
         dg = torch.empty_like(g)
     elif gate == 1:
         dg = torch.empty(NK, TT, H, device=dev, dtype=g.dtype if NK == 1 else f32)
-    _bwd_inter[(NC, NK + NV, H)](q, k, v, gp, do, h, dh, dq_i, dk_i, dv_i, dq, dk, dv,
+    _bwd_inter[(NC, NK + NV, H)](q, k, v, gp, kg, do, h, dh, dq_i, dk_i, dv_i, dq, dk, dv,
                                  dg if dg is not None else q, cidx, T, TT, scale, H, K=K, V=V, GATE=gate,
                                  IS_VARLEN=varlen, BT=BT, BK=bk, BV=bv, NK=NK, num_warps=8)
     if gate == 1:
