@@ -7,23 +7,20 @@ with g = None (no transition), [B, T, H] (scalar log-decay) or [B, T, H, K]
 variable-length segments (``cu_seqlens``, empty segments allowed).
 
 Layout of the work (chunk length BT = 64, sub-blocks of BC = 16 rows):
-  forward   1. ``_fwd_intra``  (parallel over chunks x sub-blocks): the masked
-               intra-chunk matrix A[i, j] = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk)
-               for j <= i (gc = chunk-local cumulative log-decay).  Pairs of
-               different sub-blocks use a reference row of the query block so
-               that every exponent is <= 0; the diagonal sub-blocks are summed
-               column by column, exactly, so any decay strength is safe.
-            2. ``_fwd_seq``    (parallel over (V tile, K tile, sequence*head),
-               sequential over chunks): o = (q*exp(gc)) S + A v; state update.
-  backward  (``triton_chunk_bwd.py``)
-            3. ``_bwd_intra``  intra-chunk parts of dq, dk, dv (same stable split).
-            4. ``_bwd_states`` (sequential over chunks, both directions in one launch):
-               only the state recurrences; stores S at every chunk start and dS (the
-               gradient from later chunks) at every chunk end, and d(initial state).
-            5. ``_bwd_inter``  (parallel over chunks x K/V tiles x heads): inter-chunk
-               dq, dk, dv from the stored states, plus dg (reverse cumsum of q*dq - k*dk
-               within the chunk, and the chunk's carry rowsum(S_end * dS_end)).
-Partial sums over K tiles (when K exceeds one tile) go to fp32 buffers that torch adds up.
+  forward   1. ``_gate_prep``  (parallel over chunks x K tiles): gc = chunk-local cumulative log-decay
+               (fp32), qg = q exp(gc), kg = k exp(gl - gc) (gl = the chunk's total decay).
+            2. ``_fwd_intra``  (parallel over chunks x sub-blocks): the masked intra-chunk matrix
+               A[i, j] = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i.  Earlier sub-blocks go
+               through one matrix product with a reference row of the query block (every exponent <= 0).
+               The block's own pairs go through the same product when the block decays by less than
+               exp(40) (the keys then grow by at most that), else they are summed exactly, column by column.
+            3. ``_states``     (parallel over (K tile, V tile) x sequence*head, sequential over chunks):
+               the only sequential pass; stores the state at every chunk start (bf16 for bf16 inputs).
+            4. ``_fwd_o``      (parallel over chunks x V tiles): o = scale * qg S_c + A v.
+  backward  (``triton_chunk_bwd.py``): ``_bwd_intra`` (intra-chunk dq, dk, dv), ``_states`` in reverse
+            (the state gradient at every chunk end; the chunk-start states are kept from the forward),
+            ``_bwd_inter`` (inter-chunk dq, dk, dv and dg from the stored states).
+Partial sums over K tiles of the scalar gate's dg go to an fp32 buffer that torch adds up.
 """
 from __future__ import annotations
 
@@ -200,43 +197,79 @@ def _total_decay(gc, t_last, i_h, o_k, m_k, H, K: tl.constexpr, GATE: tl.constex
 
 
 @triton.jit
-def _fwd_seq(qg, kg, v, gc, A, o, h0, ht, cu, T, TT, scale,
-             H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr,
-             IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
-             BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    i_v, i_k, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+def _states(a, b, gc, s0, s_end, hs, cu, coff, T, scale,
+            H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+            REVERSE: tl.constexpr, HAS_S0: tl.constexpr, STORE_END: tl.constexpr,
+            BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr):
+    """The only sequential pass: X <- diag(exp(gl_c)) X + scale * a_c^T b_c over the chunks c of one
+    segment, for one [BK, BV] tile.  Forward (a = kg, b = v): X is the state, stored into hs at every
+    chunk start, the final one into s_end.  REVERSE (a = qg, b = dO): X is the gradient of the state
+    from later chunks, stored at every chunk end, d(initial state) into s_end.  s0 starts X."""
+    i_kv, i_nh = tl.program_id(0), tl.program_id(1)
+    i_k = i_kv // NV
+    i_v = i_kv % NV
     i_n = i_nh // H
     i_h = i_nh % H
     bos, eos = _seq_bounds(i_n, cu, T, IS_VARLEN)
+    if IS_VARLEN:
+        c0 = tl.load(coff + i_n).to(tl.int32)
+    else:
+        c0 = i_n * tl.cdiv(T, BT)
+    nc = tl.cdiv(eos - bos, BT)
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     o_t = tl.arange(0, BT)
     m_k = o_k < K
     m_v = o_v < V
-    p_h = (i_nh * K + o_k[:, None]) * V + o_v[None, :]
     m_h = m_k[:, None] & m_v[None, :]
-    if HAS_H0:
-        S = tl.load(h0 + p_h, mask=m_h, other=0.).to(tl.float32)
+    p_c = (i_h * K + o_k[:, None]) * V + o_v[None, :]  # inside one chunk's [H, K, V] block
+    p_h = (i_nh * K + o_k[:, None]) * V + o_v[None, :]  # inside [N, H, K, V]
+    if HAS_S0:
+        X = tl.load(s0 + p_h, mask=m_h, other=0.).to(tl.float32)
     else:
-        S = tl.zeros([BK, BV], dtype=tl.float32)
-    o_base = o + i_k.to(tl.int64) * TT * H * V
-    for t0 in range(bos, eos, BT):
-        rows = t0 + o_t
+        X = tl.zeros([BK, BV], dtype=tl.float32)
+    for i in range(0, nc):
+        if REVERSE:
+            j = nc - 1 - i
+        else:
+            j = i
+        tl.store(hs + (c0 + j).to(tl.int64) * H * K * V + p_c, X.to(hs.dtype.element_ty), mask=m_h)
+        rows = bos + j * BT + o_t
         m = rows < eos
-        b_q = tl.load(qg + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
-        b_k = tl.load(kg + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
-        b_v = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m[:, None] & m_v[None, :], other=0.)
-        b_o = tl.dot(b_q, S.to(b_q.dtype)) * scale
-        if i_k == 0:
-            b_A = tl.load(A + (rows[:, None] * H + i_h) * BT + o_t[None, :], mask=m[:, None], other=0.)
-            b_o += tl.dot(b_A.to(b_v.dtype), b_v)
+        b_a = tl.load(a + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
+        b_b = tl.load(b + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m[:, None] & m_v[None, :], other=0.)
         if GATE > 0:
-            S = S * tl.exp(_total_decay(gc, tl.minimum(t0 + BT, eos) - 1, i_h, o_k, m_k, H, K, GATE))[:, None]
-        S += tl.dot(tl.trans(b_k), b_v)
-        tl.store(o_base + (rows[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
-                 mask=m[:, None] & m_v[None, :])
-    if STORE_HT:
-        tl.store(ht + p_h, S, mask=m_h)
+            gl = _total_decay(gc, tl.minimum(bos + j * BT + BT, eos) - 1, i_h, o_k, m_k, H, K, GATE)
+            X = X * tl.exp(gl)[:, None]
+        X += tl.dot(tl.trans(b_a), b_b) * scale
+    if STORE_END:
+        tl.store(s_end + p_h, X, mask=m_h)
+
+
+@triton.jit
+def _fwd_o(qg, v, A, hs, o, cidx, T, scale, H, K: tl.constexpr, V: tl.constexpr, IS_VARLEN: tl.constexpr,
+           BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """o = scale * qg S_c + A v for one chunk and one V tile, from the stored chunk-start states."""
+    i_c, i_v, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t0, t1 = _chunk_bounds(i_c, cidx, T, IS_VARLEN, BT)
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    m = rows < t1
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    p_s = (i_c * H + i_h).to(tl.int64) * K * V
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_q = tl.load(qg + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
+        b_S = tl.load(hs + p_s + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+        b_o += tl.dot(b_q, b_S.to(b_q.dtype))
+    b_v = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m[:, None] & m_v[None, :], other=0.)
+    b_A = tl.load(A + (rows[:, None] * H + i_h) * BT + o_t[None, :], mask=m[:, None], other=0.)
+    b_o = b_o * scale + tl.dot(b_A.to(b_v.dtype), b_v)
+    tl.store(o + (rows[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
+             mask=m[:, None] & m_v[None, :])
 
 
 # ----------------------------------------------------------------------------- host side
@@ -318,8 +351,31 @@ def gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen):
     return gc, qg, kg
 
 
+def run_states(a, b, gc, gate, s0, store_end, geo, scale, reverse):
+    """The sequential pass ``_states``: per-chunk states (forward: a = kg, b = v) or state gradients
+    (reverse: a = qg, b = dO), kept in bf16 for bf16 inputs (they are dot operands in that dtype anyway)
+    and in fp32 otherwise; and the end value in fp32 (final state, or d(initial state)) when asked."""
+    B, T, H, K, V, N, varlen, cidx, NC, cu, coff = geo
+    sdt = torch.bfloat16 if a.dtype == torch.bfloat16 else torch.float32
+    hs = torch.empty(NC, H, K, V, device=a.device, dtype=sdt)
+    end = torch.empty(N, H, K, V, device=a.device, dtype=torch.float32) if store_end else None
+    bk, bv, NK, NV, nw = _seq_cfg(K, V)
+    _states[(NK * NV, N * H)](a, b, gc, s0 if s0 is not None else a, end if end is not None else a, hs, cu, coff,
+                              T, scale, H, K=K, V=V, GATE=gate, IS_VARLEN=varlen, REVERSE=reverse,
+                              HAS_S0=s0 is not None, STORE_END=store_end, BT=BT, BK=bk, BV=bv, NV=NV, num_warps=nw)
+    return hs, end
+
+
+def _par_tiles(K: int, V: int):
+    """K and V tiles of the chunk-parallel kernels: the state tiles, at most 64 (128 x 128 would need
+    320 KB of shared memory in the backward)."""
+    bk, bv = _seq_cfg(K, V)[:2]
+    return min(bk, 64), min(bv, 64)
+
+
 def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
-    B, T, H, K, V, N, varlen, cidx, NC, cu, _ = _geometry(q, v, cu_seqlens)
+    geo = _geometry(q, v, cu_seqlens)
+    B, T, H, K, V, N, varlen, cidx, NC, cu, coff = geo
     gate = _gate_kind(g)
     TT = B * T
     gc, qg, kg = gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen)
@@ -327,15 +383,12 @@ def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
     bc, bki, _, nwi = _intra_cfg(gate, K, V)
     _fwd_intra[(NC * (BT // bc), H)](q, k, gc, A, cidx, T, scale, H, K=K, GATE=gate, IS_VARLEN=varlen,
                                       BT=BT, BC=bc, BK=bki, LIM=diag_block_limit(q.dtype), num_warps=nwi)
-    bk, bv, NK, NV, nws = _seq_cfg(K, V)
-    o = torch.empty(NK, TT, H, V, device=q.device, dtype=q.dtype if NK == 1 else torch.float32)
-    ht = torch.empty(N, H, K, V, device=q.device, dtype=torch.float32) if output_final_state else None
-    _fwd_seq[(NV, NK, N * H)](qg, kg, v, gc, A, o, h0 if h0 is not None else q, ht if ht is not None else q,
-                              cu, T, TT, scale, H, K=K, V=V, GATE=gate, IS_VARLEN=varlen,
-                              HAS_H0=h0 is not None, STORE_HT=output_final_state, BT=BT, BK=bk, BV=bv,
-                              num_warps=nws)
-    o = o[0] if NK == 1 else o.sum(0).to(q.dtype)
-    return o.view(B, T, H, V), ht, A, (gc, qg, kg)
+    hs, ht = run_states(kg, v, gc, gate, h0, output_final_state, geo, 1.0, False)
+    o = torch.empty(TT, H, V, device=q.device, dtype=q.dtype)
+    bk, bv = _par_tiles(K, V)
+    _fwd_o[(NC, triton.cdiv(V, bv), H)](qg, v, A, hs, o, cidx, T, scale, H, K=K, V=V, IS_VARLEN=varlen,
+                                        BT=BT, BK=bk, BV=bv, num_warps=4)
+    return o.view(B, T, H, V), ht, A, (gc, qg, kg), hs
 
 
 class ChunkGLAFunction(torch.autograd.Function):
@@ -344,20 +397,20 @@ class ChunkGLAFunction(torch.autograd.Function):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         g = g.contiguous() if g is not None else None
         h0 = h0.contiguous() if h0 is not None else None
-        o, ht, A, (gc, qg, kg) = _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens)
+        o, ht, A, (gc, qg, kg), hs = _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens)
         if g is None:
             gc = qg = kg = None  # the same as q and k
-        ctx.save_for_backward(q, k, v, g, gc, qg, kg, h0, A, cu_seqlens)
+        ctx.save_for_backward(q, k, v, g, gc, qg, kg, h0, A, hs, cu_seqlens)
         ctx.scale = scale
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, gc, qg, kg, h0, A, cu_seqlens = ctx.saved_tensors
+        q, k, v, g, gc, qg, kg, h0, A, hs, cu_seqlens = ctx.saved_tensors
         from sandbox.kernels.triton_chunk_bwd import _bwd  # imports this module's helpers
 
         need_dh0 = h0 is not None and ctx.needs_input_grad[4]
-        dq, dk, dv, dg, dh0 = _bwd(q, k, v, g, gc, qg, kg, ctx.scale, h0, A, do.to(q.dtype).contiguous(),
+        dq, dk, dv, dg, dh0 = _bwd(q, k, v, g, gc, qg, kg, hs, ctx.scale, A, do.to(q.dtype).contiguous(),
                                    dht.contiguous() if dht is not None else None, cu_seqlens, need_dh0)
         return dq, dk, dv, dg, dh0, None, None, None
 

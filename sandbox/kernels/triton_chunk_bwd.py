@@ -11,11 +11,11 @@ boundary), and with S_end_c = exp(gl) S_c + (k * exp(gl - gc))^T v that is
     carry_c = exp(gl) * rowsum(S_c * dS_c) + sum_t k_t * dk_inter_t,
 so dg needs no scan across chunks.
 
-Kernels (three launches):
-  1. ``_bwd_intra``   (parallel over chunks x 16-row sub-blocks) intra-chunk dq, dk, dv in fp32.
-  2. ``_bwd_states``  (parallel over (K tile, V tile) x sequence*head x direction, sequential over
-                      chunks): only the two state recurrences; stores S_c and dS_c for every chunk
-                      (fp32 [n_chunks, H, K, V] each) and d(initial state).
+Kernels (three launches; gc, qg, kg and the chunk-start states S_c come from the forward):
+  1. ``_bwd_intra``   (parallel over chunks x 16-row sub-blocks) intra-chunk dq, dk, dv in fp32, with the
+                      same split as ``_fwd_intra`` (reference-row products, exact sums for blocks that
+                      decay by more than exp(40)).
+  2. ``_states``      in reverse (sequential over chunks): dS_c for every chunk, and d(initial state).
   3. ``_bwd_inter``   (parallel over chunks x (K tiles + V tiles) x heads): dq, dk (and dg) for one
                       K tile, or dv for one V tile, from the stored states plus the intra parts;
                       writes the input dtype directly.
@@ -27,8 +27,7 @@ import triton
 import triton.language as tl
 
 from sandbox.kernels.triton_chunk import (BT, _chunk_bounds, _diag_block_fits, _gate_kind, _geometry, _intra_cfg,
-                                          _load_gate, _total_decay, diag_block_limit,
-                                          _seq_bounds, _seq_cfg)
+                                          _load_gate, _par_tiles, diag_block_limit, run_states)
 
 
 @triton.jit
@@ -124,66 +123,6 @@ def _bwd_intra(q, k, v, gc, A, do, dq, dk, dv, cidx, T, scale,
 
 
 @triton.jit
-def _bwd_states(qg, kg, v, gc, do, h0, dht, h, dh, dh0, cu, coff, T, scale,
-                H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
-                HAS_H0: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr):
-    """Direction 0: S at every chunk start into h; direction 1: dS at every chunk end into dh, then dh0."""
-    i_kv, i_nh, i_d = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_k = i_kv // NV
-    i_v = i_kv % NV
-    i_n = i_nh // H
-    i_h = i_nh % H
-    bos, eos = _seq_bounds(i_n, cu, T, IS_VARLEN)
-    if IS_VARLEN:
-        c0 = tl.load(coff + i_n).to(tl.int32)
-    else:
-        c0 = i_n * tl.cdiv(T, BT)
-    nc = tl.cdiv(eos - bos, BT)
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_t = tl.arange(0, BT)
-    m_k = o_k < K
-    m_v = o_v < V
-    m_h = m_k[:, None] & m_v[None, :]
-    p_c = (i_h * K + o_k[:, None]) * V + o_v[None, :]  # inside one chunk's [H, K, V] block
-    p_h = (i_nh * K + o_k[:, None]) * V + o_v[None, :]  # inside [N, H, K, V]
-    if i_d == 0:
-        if HAS_H0:
-            S = tl.load(h0 + p_h, mask=m_h, other=0.).to(tl.float32)
-        else:
-            S = tl.zeros([BK, BV], dtype=tl.float32)
-        for i in range(0, nc):
-            tl.store(h + (c0 + i).to(tl.int64) * H * K * V + p_c, S.to(h.dtype.element_ty), mask=m_h)
-            rows = bos + i * BT + o_t
-            m = rows < eos
-            b_k = tl.load(kg + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
-            b_v = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m[:, None] & m_v[None, :], other=0.)
-            if GATE > 0:
-                gl = _total_decay(gc, tl.minimum(bos + i * BT + BT, eos) - 1, i_h, o_k, m_k, H, K, GATE)
-                S = S * tl.exp(gl)[:, None]
-            S += tl.dot(tl.trans(b_k), b_v)
-    else:
-        if HAS_DHT:
-            dS = tl.load(dht + p_h, mask=m_h, other=0.).to(tl.float32)
-        else:
-            dS = tl.zeros([BK, BV], dtype=tl.float32)
-        for i in range(0, nc):
-            j = nc - 1 - i
-            tl.store(dh + (c0 + j).to(tl.int64) * H * K * V + p_c, dS.to(dh.dtype.element_ty), mask=m_h)
-            rows = bos + j * BT + o_t
-            m = rows < eos
-            b_q = tl.load(qg + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
-            b_do = tl.load(do + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m[:, None] & m_v[None, :], other=0.)
-            if GATE > 0:
-                gl = _total_decay(gc, tl.minimum(bos + j * BT + BT, eos) - 1, i_h, o_k, m_k, H, K, GATE)
-                dS = dS * tl.exp(gl)[:, None]
-            dS += tl.dot(tl.trans(b_q), b_do) * scale
-        if STORE_DH0:
-            tl.store(dh0 + p_h, dS, mask=m_h)
-
-
-@triton.jit
 def _bwd_inter(q, k, v, gc, kg, do, h, dh, dq_i, dk_i, dv_i, dq, dk, dv, dg, cidx, T, TT, scale,
                H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK: tl.constexpr):
@@ -252,11 +191,14 @@ def _bwd_inter(q, k, v, gc, kg, do, h, dh, dq_i, dk_i, dv_i, dq, dk, dv, dg, cid
         tl.store(dv + p_v, b_dv.to(dv.dtype.element_ty), mask=m_tv)
 
 
-def _bwd(q, k, v, g, gc, qg, kg, scale, h0, A, do, dht, cu_seqlens, need_dh0):
-    B, T, H, K, V, N, varlen, cidx, NC, cu, coff = _geometry(q, v, cu_seqlens)
+def _bwd(q, k, v, g, gc, qg, kg, hs, scale, A, do, dht, cu_seqlens, need_dh0):
+    geo = _geometry(q, v, cu_seqlens)
+    B, T, H, K, V, N, varlen, cidx, NC, cu, coff = geo
     gate = _gate_kind(g)
     TT = B * T
     gp = gc if gc is not None else q
+    if gate == 0:
+        qg, kg = q, k
     dev = q.device
     f32 = torch.float32
     dq_i = torch.empty(TT, H, K, device=dev, dtype=f32)
@@ -266,21 +208,9 @@ def _bwd(q, k, v, g, gc, qg, kg, scale, h0, A, do, dht, cu_seqlens, need_dh0):
     _bwd_intra[(NC * (BT // bc), H)](q, k, v, gp, A, do, dq_i, dk_i, dv_i, cidx, T, scale, H, K=K, V=V,
                                       GATE=gate, IS_VARLEN=varlen, BT=BT, BC=bc, BK=bki, BV=bvi,
                                       LIM=diag_block_limit(q.dtype), num_warps=nwi)
-    bk, bv, NK, NV, nws = _seq_cfg(K, V)
-    # the states are dot operands in the input dtype anyway: bf16 inputs store them in bf16 (half the
-    # traffic of the largest buffers); fp16 ones in fp32 (no fp16 range for undecayed states)
-    sdt = torch.bfloat16 if q.dtype == torch.bfloat16 else f32
-    h = torch.empty(NC, H, K, V, device=dev, dtype=sdt)
-    dh = torch.empty(NC, H, K, V, device=dev, dtype=sdt)
-    dh0 = torch.empty(N, H, K, V, device=dev, dtype=f32) if need_dh0 else None
-    if gate == 0:
-        qg, kg = q, k
-    _bwd_states[(NK * NV, N * H, 2)](qg, kg, v, gp, do, h0 if h0 is not None else q, dht if dht is not None else q,
-                                     h, dh, dh0 if dh0 is not None else q, cu, coff, T, scale, H, K=K, V=V,
-                                     GATE=gate, IS_VARLEN=varlen, HAS_H0=h0 is not None, HAS_DHT=dht is not None,
-                                     STORE_DH0=need_dh0, BT=BT, BK=bk, BV=bv, NV=NV, num_warps=nws)
-    # tiles of the parallel kernel: those of the state sweep, at most 64 (128 x 128 needs 320 KB of shared memory)
-    bk, bv = min(bk, 64), min(bv, 64)
+    # the chunk-start states come from the forward; only the gradient pass runs here
+    dh, dh0 = run_states(qg, do, gp, gate, dht, need_dh0, geo, scale, True)
+    bk, bv = _par_tiles(K, V)
     NK, NV = triton.cdiv(K, bk), triton.cdiv(V, bv)
     dq = torch.empty(TT, H, K, device=dev, dtype=q.dtype)
     dk = torch.empty(TT, H, K, device=dev, dtype=k.dtype)
@@ -290,7 +220,7 @@ def _bwd(q, k, v, g, gc, qg, kg, scale, h0, A, do, dht, cu_seqlens, need_dh0):
         dg = torch.empty_like(g)
     elif gate == 1:
         dg = torch.empty(NK, TT, H, device=dev, dtype=g.dtype if NK == 1 else f32)
-    _bwd_inter[(NC, NK + NV, H)](q, k, v, gp, kg, do, h, dh, dq_i, dk_i, dv_i, dq, dk, dv,
+    _bwd_inter[(NC, NK + NV, H)](q, k, v, gp, kg, do, hs, dh, dq_i, dk_i, dv_i, dq, dk, dv,
                                  dg if dg is not None else q, cidx, T, TT, scale, H, K=K, V=V, GATE=gate,
                                  IS_VARLEN=varlen, BT=BT, BK=bk, BV=bv, NK=NK, num_warps=8)
     if gate == 1:
