@@ -388,7 +388,7 @@ def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
     bk, bv = _par_tiles(K, V)
     _fwd_o[(NC, triton.cdiv(V, bv), H)](qg, v, A, hs, o, cidx, T, scale, H, K=K, V=V, IS_VARLEN=varlen,
                                         BT=BT, BK=bk, BV=bv, num_warps=4)
-    return o.view(B, T, H, V), ht, A, (gc, qg, kg), hs
+    return o.view(B, T, H, V), ht, A, (gc, qg, kg), hs, geo
 
 
 class ChunkGLAFunction(torch.autograd.Function):
@@ -397,7 +397,7 @@ class ChunkGLAFunction(torch.autograd.Function):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         g = g.contiguous() if g is not None else None
         h0 = h0.contiguous() if h0 is not None else None
-        o, ht, A, (gc, qg, kg), hs = _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens)
+        o, ht, A, (gc, qg, kg), hs, ctx.geo = _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens)
         if g is None:
             gc = qg = kg = None  # the same as q and k
         ctx.save_for_backward(q, k, v, g, gc, qg, kg, h0, A, hs, cu_seqlens)
@@ -410,8 +410,9 @@ class ChunkGLAFunction(torch.autograd.Function):
         from sandbox.kernels.triton_chunk_bwd import _bwd  # imports this module's helpers
 
         need_dh0 = h0 is not None and ctx.needs_input_grad[4]
+        # ctx.geo: the forward's chunk table (building it again would cost a host sync)
         dq, dk, dv, dg, dh0 = _bwd(q, k, v, g, gc, qg, kg, hs, ctx.scale, A, do.to(q.dtype).contiguous(),
-                                   dht.contiguous() if dht is not None else None, cu_seqlens, need_dh0)
+                                   dht.contiguous() if dht is not None else None, ctx.geo, need_dh0)
         return dq, dk, dv, dg, dh0, None, None, None
 
 

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sandbox.kernels.triton_chunk import (BT, _chunk_bounds, _diag_block_fits, _gate_kind, _geometry, _intra_cfg,
+from sandbox.kernels.triton_chunk import (BT, _chunk_bounds, _diag_block_fits, _gate_kind, _intra_cfg,
                                           _load_gate, _par_tiles, diag_block_limit, run_states)
 
 
@@ -191,8 +191,7 @@ def _bwd_inter(q, k, v, gc, kg, do, h, dh, dq_i, dk_i, dv_i, dq, dk, dv, dg, cid
         tl.store(dv + p_v, b_dv.to(dv.dtype.element_ty), mask=m_tv)
 
 
-def _bwd(q, k, v, g, gc, qg, kg, hs, scale, A, do, dht, cu_seqlens, need_dh0):
-    geo = _geometry(q, v, cu_seqlens)
+def _bwd(q, k, v, g, gc, qg, kg, hs, scale, A, do, dht, geo, need_dh0):
     B, T, H, K, V, N, varlen, cidx, NC, cu, coff = geo
     gate = _gate_kind(g)
     TT = B * T
