@@ -24,40 +24,15 @@ Partial sums over K tiles of the scalar gate's dg go to an fp32 buffer that torc
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-BT = 64  # chunk length
-BC = 16  # sub-block rows for the diagonal gate
+from sandbox.kernels.triton_chunk_common import (BT, _chunk_bounds, _diag_block_fits, _gate_kind, _geometry, _sub_block,
+                                                 _intra_cfg, _p2, _par_tiles, _seq_bounds, _seq_cfg, _total_decay,
+                                                 chunk_table, diag_block_limit)
 
-
-@triton.jit
-def _chunk_bounds(i_c, cidx, T, IS_VARLEN: tl.constexpr, BT: tl.constexpr):
-    if IS_VARLEN:
-        t0 = tl.load(cidx + i_c * 2).to(tl.int32)
-        t1 = tl.load(cidx + i_c * 2 + 1).to(tl.int32)
-    else:
-        nt = tl.cdiv(T, BT)
-        b = i_c // nt
-        t0 = b * T + (i_c % nt) * BT
-        t1 = b * T + T
-    t1 = tl.minimum(t1, t0 + BT)
-    return t0, t1
-
-
-@triton.jit
-def _seq_bounds(i_n, cu, T, IS_VARLEN: tl.constexpr):
-    if IS_VARLEN:
-        bos = tl.load(cu + i_n).to(tl.int32)
-        eos = tl.load(cu + i_n + 1).to(tl.int32)
-    else:
-        bos = i_n * T
-        eos = bos + T
-    return bos, eos
-
+__all__ = ["chunk_gla", "chunk_table"]
 
 @triton.jit
 def _gate_prep(q, k, g, gc, qg, kg, cidx, T, H, K: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
@@ -89,42 +64,16 @@ def _gate_prep(q, k, g, gc, qg, kg, cidx, T, H, K: tl.constexpr, GATE: tl.conste
 
 
 @triton.jit
-def _diag_block_fits(gc, ts, t1, i_h, H, K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, LIM: tl.constexpr):
-    """Whether the BC-row block starting at row ts decays by less than LIM (in log) over its rows in every
-    channel.  Then exp(gc_first - gc_j) stays below exp(LIM) inside it, and the block's own pairs can go
-    through the same reference-row matrix product as the earlier blocks; otherwise they are summed
-    exactly, one column at a time."""
-    last = tl.minimum(ts + BC, t1) - 1
-    d = tl.zeros([BK], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        r0 = tl.load(gc + (ts * H + i_h) * K + o_k, mask=m_k, other=0.)
-        r1 = tl.load(gc + (last * H + i_h) * K + o_k, mask=m_k, other=0.)
-        d = tl.maximum(d, r0 - r1)
-    return tl.max(d, axis=0) < LIM
-
-
-@triton.jit
 def _fwd_intra(q, k, gc, A, cidx, T, scale,
                H, K: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
                BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, LIM: tl.constexpr):
     i_cb, i_h = tl.program_id(0), tl.program_id(1)
-    NB: tl.constexpr = BT // BC
-    i_c = i_cb // NB
-    i_b = i_cb % NB
-    t0, t1 = _chunk_bounds(i_c, cidx, T, IS_VARLEN, BT)
-    ts = t0 + i_b * BC
+    t1, ts, bs, rows, cols, rl, cl = _sub_block(i_cb, cidx, T, IS_VARLEN, BT, BC)
     if ts < t1:
         o_r = tl.arange(0, BC)
         o_c = tl.arange(0, BT)
-        rows = ts + o_r
-        cols = t0 + o_c
         m_r = rows < t1
         m_c = cols < t1
-        rl = tl.minimum(rows, t1 - 1)  # gc rows past the end repeat the last one (no exp overflow there)
-        cl = tl.minimum(cols, t1 - 1)
-        bs = i_b * BC  # block start, chunk-local
         acc = tl.zeros([BC, BT], dtype=tl.float32)
         if GATE == 2:
             accd = tl.zeros([BC, BC], dtype=tl.float32)
@@ -173,27 +122,6 @@ def _fwd_intra(q, k, gc, A, cidx, T, scale,
                      mask=m_r[:, None] & (bs + o_r >= hi)[None, :])
         else:
             tl.store(A + (rows[:, None] * H + i_h) * BT + o_c[None, :], acc, mask=m_r[:, None])
-
-
-@triton.jit
-def _load_gate(gc, rows, m, t_last, i_h, o_k, m_k, H, K: tl.constexpr, GATE: tl.constexpr):
-    """The chunk's cumulative log-decay: a [BT, BK] (diagonal) or [BT, 1] (scalar) tile, and its last
-    row (row t_last, the chunk's total decay)."""
-    if GATE == 2:
-        b_gc = tl.load(gc + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
-        return b_gc, _total_decay(gc, t_last, i_h, o_k, m_k, H, K, GATE)
-    else:
-        b_gc = tl.load(gc + rows * H + i_h, mask=m, other=0.)
-        return b_gc[:, None], _total_decay(gc, t_last, i_h, o_k, m_k, H, K, GATE)
-
-
-@triton.jit
-def _total_decay(gc, t_last, i_h, o_k, m_k, H, K: tl.constexpr, GATE: tl.constexpr):
-    """gl, the chunk's total log-decay (gc at its last row t_last): [BK] (diagonal) or [1] (scalar)."""
-    if GATE == 2:
-        return tl.load(gc + (t_last * H + i_h) * K + o_k, mask=m_k, other=0.)
-    else:
-        return tl.load(gc + t_last * H + i_h) + tl.zeros([1], dtype=tl.float32)
 
 
 @triton.jit
@@ -274,70 +202,6 @@ def _fwd_o(qg, v, A, hs, o, cidx, T, scale, H, K: tl.constexpr, V: tl.constexpr,
 
 # ----------------------------------------------------------------------------- host side
 
-def _p2(n: int) -> int:
-    return triton.next_power_of_2(int(n))
-
-
-def _seq_block() -> int:
-    """Tile of the state held by one sequential program (K and V each); 64 unless overridden for benchmarks."""
-    return int(os.environ.get("SANDBOX_TRITON_SEQ_BLOCK", "64"))
-
-
-def chunk_table(cu_seqlens: torch.Tensor, bt: int = BT) -> tuple[torch.Tensor, int]:
-    """[n_chunks, 2] int32 (start, segment end) for every chunk of every segment; empty segments have none."""
-    cu = cu_seqlens.to(torch.int64)
-    lens = cu[1:] - cu[:-1]
-    nch = (lens + bt - 1) // bt
-    total = int(nch.sum())
-    seg = torch.repeat_interleave(torch.arange(len(lens), device=cu.device), nch, output_size=total)
-    first = torch.cumsum(nch, 0) - nch
-    j = torch.arange(total, device=cu.device) - first[seg]
-    table = torch.stack([cu[seg] + j * bt, cu[seg + 1]], 1)
-    return table.to(torch.int32).contiguous(), total
-
-
-def _gate_kind(g) -> int:
-    return 0 if g is None else (1 if g.dim() == 3 else 2)
-
-
-def _geometry(q, v, cu_seqlens):
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    varlen = cu_seqlens is not None
-    N = cu_seqlens.numel() - 1 if varlen else B
-    if varlen:
-        cidx, NC = chunk_table(cu_seqlens)
-        cu = cu_seqlens.to(torch.int32).contiguous()
-        nch = (cu[1:] - cu[:-1] + BT - 1) // BT
-        coff = (torch.cumsum(nch, 0) - nch).to(torch.int32).contiguous()  # first chunk of each segment
-    else:
-        cidx, NC, cu, coff = q, B * triton.cdiv(T, BT), q, q  # dummies: unused when not varlen
-    return B, T, H, K, V, N, varlen, cidx, NC, cu, coff
-
-
-def diag_block_limit(dtype) -> float:
-    """Largest log-decay across one 16-row block for which its pairs use the reference-row product:
-    the decayed keys then grow by at most exp(40) ~ 2e17, far inside the bf16 / fp32 range.  fp16
-    (largest value 65504) always takes the exact column-by-column sum."""
-    return 0.0 if dtype == torch.float16 else 40.0
-
-
-def _intra_cfg(gate: int, K: int, V: int):
-    """(rows per program, K tile, V tile, warps) of the intra-chunk kernels. Diagonal gate: measured
-    on the H200 over BC 16/32, BK 32/64, BV 64/128, 4/8 warps (benchmarks/intra_configs.py); 16-row
-    blocks with 64-wide tiles and 4 warps were fastest at both shapes tried, 1.5-1.7x over 32-wide
-    K tiles with 8 warps."""
-    if gate == 2:
-        return BC, max(16, min(64, _p2(K))), max(16, min(64, _p2(V))), 4
-    return BT, max(16, min(64, _p2(K))), max(16, min(64, _p2(V))), 4
-
-
-def _seq_cfg(K: int, V: int):
-    sb = _seq_block()
-    bk, bv = max(16, min(sb, _p2(K))), max(16, min(sb, _p2(V)))
-    return bk, bv, triton.cdiv(K, bk), triton.cdiv(V, bv), 8
-
-
 def gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen):
     """(gc, qg, kg): chunk-local cumulative log-decay (fp32, g's shape) and the decayed q and k;
     (q, q, k) without a gate (gc then unused)."""
@@ -364,13 +228,6 @@ def run_states(a, b, gc, gate, s0, store_end, geo, scale, reverse):
                               T, scale, H, K=K, V=V, GATE=gate, IS_VARLEN=varlen, REVERSE=reverse,
                               HAS_S0=s0 is not None, STORE_END=store_end, BT=BT, BK=bk, BV=bv, NV=NV, num_warps=nw)
     return hs, end
-
-
-def _par_tiles(K: int, V: int):
-    """K and V tiles of the chunk-parallel kernels: the state tiles, at most 64 (128 x 128 would need
-    320 KB of shared memory in the backward)."""
-    bk, bv = _seq_cfg(K, V)[:2]
-    return min(bk, 64), min(bv, 64)
 
 
 def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):

@@ -26,8 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-from sandbox.kernels.triton_chunk import (BT, _chunk_bounds, _diag_block_fits, _gate_kind, _intra_cfg,
-                                          _load_gate, _par_tiles, diag_block_limit, run_states)
+from sandbox.kernels.triton_chunk import run_states
+from sandbox.kernels.triton_chunk_common import (BT, _chunk_bounds, _diag_block_fits, _gate_kind, _intra_cfg,
+                                                 _load_gate, _par_tiles, _sub_block, diag_block_limit)
 
 
 @triton.jit
@@ -35,21 +36,12 @@ def _bwd_intra(q, k, v, gc, A, do, dq, dk, dv, cidx, T, scale,
                H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
                BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LIM: tl.constexpr):
     i_cb, i_h = tl.program_id(0), tl.program_id(1)
-    NB: tl.constexpr = BT // BC
-    i_c = i_cb // NB
-    i_b = i_cb % NB
-    t0, t1 = _chunk_bounds(i_c, cidx, T, IS_VARLEN, BT)
-    ts = t0 + i_b * BC
+    t1, ts, bs, rows, cols, rl, cl = _sub_block(i_cb, cidx, T, IS_VARLEN, BT, BC)
     if ts < t1:
         o_r = tl.arange(0, BC)
         o_c = tl.arange(0, BT)
-        rows = ts + o_r
-        cols = t0 + o_c
         m_r = rows < t1
         m_c = cols < t1
-        rl = tl.minimum(rows, t1 - 1)  # gc rows past the end repeat the last one (no exp overflow there)
-        cl = tl.minimum(cols, t1 - 1)
-        bs = i_b * BC
         be = bs + BC - 1
         # dA rows of this block (and, for the diagonal gate, its columns); dv of this block
         dA_r = tl.zeros([BC, BT], dtype=tl.float32)

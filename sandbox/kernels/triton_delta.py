@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sandbox.kernels.triton_chunk import chunk_table
+from sandbox.kernels.triton_chunk_common import chunk_table
 
 C = 64
 
