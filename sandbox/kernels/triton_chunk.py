@@ -9,17 +9,18 @@ variable-length segments (``cu_seqlens``, empty segments allowed).
 Layout of the work (chunk length BT = 64, sub-blocks of BC = 16 rows):
   forward   1. ``_gate_prep``  (parallel over chunks x K tiles): gc = chunk-local cumulative log-decay
                (fp32), qg = q exp(gc), kg = k exp(gl - gc) (gl = the chunk's total decay).
-            2. ``_fwd_intra``  (parallel over chunks x sub-blocks): the masked intra-chunk matrix
-               A[i, j] = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i.  Earlier sub-blocks go
-               through one matrix product with a reference row of the query block (every exponent <= 0).
-               The block's own pairs go through the same product when the block decays by less than
-               exp(40) (the keys then grow by at most that), else they are summed exactly, column by column.
+            2. ``_fwd_intra``  (parallel over chunks; one program holds the whole 64 x 64 block): the masked
+               intra-chunk matrix A[i, j] = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i.  Row
+               block r (16 rows) meets the earlier columns through one product with gc at its first row
+               as the reference (every exponent <= 0).  The block's own pairs join that product when the
+               block decays by less than exp(40) (the keys then grow by at most that), else they are
+               summed exactly, column by column (``_diag_exact``).
             3. ``_states``     (parallel over (K tile, V tile) x sequence*head, sequential over chunks):
                the only sequential pass; stores the state at every chunk start (bf16 for bf16 inputs).
             4. ``_fwd_o``      (parallel over chunks x V tiles): o = scale * qg S_c + A v.
-  backward  (``triton_chunk_bwd.py``): ``_bwd_intra`` (intra-chunk dq, dk, dv), ``_states`` in reverse
-            (the state gradient at every chunk end; the chunk-start states are kept from the forward),
-            ``_bwd_inter`` (inter-chunk dq, dk, dv and dg from the stored states).
+  backward  (``triton_chunk_bwd.py``): ``_states`` in reverse (the state gradient at every chunk end; the
+            chunk-start states are kept from the forward), ``_bwd_dA`` (dA = scale dO v^T per chunk) and
+            ``_bwd_chunk`` (per chunk and K or V tile: dq, dk and dg with their intra-chunk parts, or dv).
 Partial sums over K tiles of the scalar gate's dg go to an fp32 buffer that torch adds up.
 """
 from __future__ import annotations
@@ -28,19 +29,20 @@ import torch
 import triton
 import triton.language as tl
 
-from sandbox.kernels.triton_chunk_common import (BT, _chunk_bounds, _diag_block_fits, _gate_kind, _geometry, _sub_block,
-                                                 _intra_cfg, _p2, _par_tiles, _seq_bounds, _seq_cfg, _total_decay,
+from sandbox.kernels.triton_chunk_common import (BC, BT, _chunk_bounds, _diag_decay, _gate_kind, _geometry, _intra_bk,
+                                                 _p2, _par_tiles, _pick, _seq_bounds, _seq_cfg, _total_decay,
                                                  chunk_table, diag_block_limit)
 
 __all__ = ["chunk_gla", "chunk_table"]
 
 @triton.jit
 def _gate_prep(q, k, g, gc, qg, kg, cidx, T, H, K: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
-               BT: tl.constexpr, BK: tl.constexpr):
+               BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr):
     """Per chunk and [BT, BK] tile: gc = chunk-local cumulative log-decay (fp32), qg = q exp(gc) and
     kg = k exp(gl - gc) in the input dtype (gl = the chunk's total).  The state recurrences then only
     scale by exp(gl) and multiply, and every later kernel loads gc instead of scanning g again."""
-    i_c, i_k, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_ck, i_h = tl.program_id(0), tl.program_id(1)
+    i_c, i_k = i_ck // NK, i_ck % NK  # the K tiles of one chunk run side by side (its g rows stay in L2)
     t0, t1 = _chunk_bounds(i_c, cidx, T, IS_VARLEN, BT)
     rows = t0 + tl.arange(0, BT)
     m = rows < t1
@@ -67,61 +69,84 @@ def _gate_prep(q, k, g, gc, qg, kg, cidx, T, H, K: tl.constexpr, GATE: tl.conste
 def _fwd_intra(q, k, gc, A, cidx, T, scale,
                H, K: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
                BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, LIM: tl.constexpr):
-    i_cb, i_h = tl.program_id(0), tl.program_id(1)
-    t1, ts, bs, rows, cols, rl, cl = _sub_block(i_cb, cidx, T, IS_VARLEN, BT, BC)
-    if ts < t1:
-        o_r = tl.arange(0, BC)
-        o_c = tl.arange(0, BT)
-        m_r = rows < t1
-        m_c = cols < t1
-        acc = tl.zeros([BC, BT], dtype=tl.float32)
+    """A[i, j] = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i, one whole chunk per program.
+    Diagonal gate: row block r (BC rows) meets every earlier column through one product with a reference
+    row, gc at the block's first row (every exponent <= 0); its own pairs join that product when the
+    block decays by less than exp(LIM) (``_diag_decay``), else ``_diag_exact`` sums them."""
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    t0, t1 = _chunk_bounds(i_c, cidx, T, IS_VARLEN, BT)
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    m = rows < t1
+    blk = o_t // BC
+    acc = tl.zeros([BT, BT], dtype=tl.float32)
+    if GATE == 2:
+        fast = tl.where(_diag_decay(gc, t0, t1, i_h, H, K, BT, BC, BK) < LIM, 1, 0)  # per row block
+        rc = tl.minimum(rows, t1 - 1)  # gc loads past the end repeat the last row: no overflow there
+        rs = tl.minimum(t0 + blk * BC, t1 - 1)  # each row's reference row
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_tk = m[:, None] & m_k[None, :]
+        b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.)
+        b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.)
         if GATE == 2:
-            accd = tl.zeros([BC, BC], dtype=tl.float32)
-            fast = _diag_block_fits(gc, ts, t1, i_h, H, K, BC, BK, LIM)
-            hi = tl.where(fast, bs + BC, bs)  # columns the reference-row product covers
-        if GATE == 1:
-            gc_c = tl.load(gc + cl * H + i_h)
-            gc_r = tl.load(gc + rl * H + i_h)
-        for i_k in range(0, tl.cdiv(K, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            m_k = o_k < K
-            b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :],
-                          mask=m_r[:, None] & m_k[None, :], other=0.)
-            b_k = tl.load(k + (cols[:, None] * H + i_h) * K + o_k[None, :],
-                          mask=m_c[:, None] & m_k[None, :], other=0.)
-            if GATE == 2:
-                gc_c = tl.load(gc + (cl[:, None] * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.)
-                gc_r = tl.load(gc + (rl[:, None] * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.)
-                ref = tl.load(gc + (ts * H + i_h) * K + o_k, mask=m_k, other=0.)  # gc at the block's first row
-                qg = (b_q.to(tl.float32) * tl.exp(gc_r - ref[None, :])).to(b_k.dtype)
-                ek = tl.exp(tl.where((o_c < hi)[:, None], ref[None, :] - gc_c, float("-inf")))
-                kg = (b_k.to(tl.float32) * ek).to(b_k.dtype)
-                acc += tl.dot(qg, tl.trans(kg))
-                if not fast:
-                    # the diagonal sub-block, exactly, one column j at a time: exp(gc_i - gc_j), i >= j
-                    b_qf = b_q.to(tl.float32)
-                    for j in range(0, BC):
-                        tj = tl.minimum(ts + j, t1 - 1)  # rows past the end only meet masked rows
-                        k_j = tl.load(k + (tj * H + i_h) * K + o_k, mask=m_k, other=0.).to(tl.float32)
-                        g_j = tl.load(gc + (tj * H + i_h) * K + o_k, mask=m_k, other=0.)
-                        e = tl.exp(tl.where(((o_r >= j) & m_r)[:, None], gc_r - g_j[None, :], float("-inf")))
-                        a_j = tl.sum(b_qf * k_j[None, :] * e, axis=1)
-                        accd += tl.where(o_r[None, :] == j, a_j[:, None], 0.)
-            else:
-                acc += tl.dot(b_q, tl.trans(b_k))
-        m_A = (o_c[None, :] <= (bs + o_r)[:, None]) & m_c[None, :]
-        if GATE == 1:
-            acc = acc * tl.exp(tl.where(m_A & m_r[:, None], gc_r[:, None] - gc_c[None, :], float("-inf")))
-        acc = tl.where(m_A, acc * scale, 0.)
-        if GATE == 2:
-            # the diagonal block's columns come from accd unless the product covered them
-            m_off = (o_c < hi) | (o_c >= bs + BC)
-            tl.store(A + (rows[:, None] * H + i_h) * BT + o_c[None, :], acc, mask=m_r[:, None] & m_off[None, :])
-            m_d = (o_r[None, :] <= o_r[:, None]) & m_r[None, :]
-            tl.store(A + (rows[:, None] * H + i_h) * BT + bs + o_r[None, :], tl.where(m_d, accd * scale, 0.),
-                     mask=m_r[:, None] & (bs + o_r >= hi)[None, :])
+            b_g = tl.load(gc + (rc[:, None] * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.)
+            b_R = tl.load(gc + (rs[:, None] * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.)
+            qe = (b_q.to(tl.float32) * tl.exp(b_g - b_R)).to(b_k.dtype)
+            for r in tl.static_range(BT // BC):
+                ref = tl.load(gc + (tl.minimum(t0 + r * BC, t1 - 1) * H + i_h) * K + o_k, mask=m_k, other=0.)
+                hi = r * BC + BC * _pick(fast, r)  # columns the product covers
+                ke = b_k.to(tl.float32) * tl.exp(tl.where((o_t < hi)[:, None], ref[None, :] - b_g, float("-inf")))
+                acc += tl.dot(tl.where((blk == r)[:, None], qe, 0.), tl.trans(ke.to(b_k.dtype)))
         else:
-            tl.store(A + (rows[:, None] * H + i_h) * BT + o_c[None, :], acc, mask=m_r[:, None])
+            acc += tl.dot(b_q, tl.trans(b_k))
+    m_A = (o_t[None, :] <= o_t[:, None]) & m[None, :] & m[:, None]
+    if GATE == 1:
+        b_g1 = tl.load(gc + tl.minimum(rows, t1 - 1) * H + i_h)
+        acc = acc * tl.exp(tl.where(m_A, b_g1[:, None] - b_g1[None, :], float("-inf")))
+    acc = tl.where(m_A, acc * scale, 0.)
+    p_A = A + (rows[:, None] * H + i_h) * BT + o_t[None, :]
+    if GATE == 2:
+        # the diagonal blocks of slow row blocks come from _diag_exact, not from the product
+        o_b = tl.arange(0, BT // BC)
+        row_fast = tl.sum(tl.where(o_b[None, :] == blk[:, None], fast[None, :], 0), axis=1)
+        m_slow = (blk[:, None] == blk[None, :]) & (row_fast == 0)[:, None]
+        tl.store(p_A, acc, mask=m[:, None] & (m_slow == 0))
+        for r in tl.static_range(BT // BC):
+            ts = t0 + r * BC
+            if (ts < t1) & (_pick(fast, r) == 0):
+                o_r = tl.arange(0, BC)
+                m_r = ts + o_r < t1
+                accd = _diag_exact(q, k, gc, ts, t1, i_h, H, K, BC, BK)
+                tl.store(A + ((ts + o_r)[:, None] * H + i_h) * BT + r * BC + o_r[None, :], accd * scale,
+                         mask=m_r[:, None])
+    else:
+        tl.store(p_A, acc, mask=m[:, None])
+
+
+@triton.jit
+def _diag_exact(q, k, gc, ts, t1, i_h, H, K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
+    """The BC x BC diagonal block starting at row ts, summed exactly one column j at a time:
+    sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i (zero elsewhere and on rows past t1)."""
+    o_r = tl.arange(0, BC)
+    rows = ts + o_r
+    m_r = rows < t1
+    rl = tl.minimum(rows, t1 - 1)
+    accd = tl.zeros([BC, BC], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :],
+                      other=0.).to(tl.float32)
+        b_g = tl.load(gc + (rl[:, None] * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.)
+        for j in range(0, BC):
+            tj = tl.minimum(ts + j, t1 - 1)  # rows past the end only meet masked rows
+            k_j = tl.load(k + (tj * H + i_h) * K + o_k, mask=m_k, other=0.).to(tl.float32)
+            g_j = tl.load(gc + (tj * H + i_h) * K + o_k, mask=m_k, other=0.)
+            e = tl.exp(tl.where(((o_r >= j) & m_r)[:, None], b_g - g_j[None, :], float("-inf")))
+            accd += tl.where(o_r[None, :] == j, tl.sum(b_q * k_j[None, :] * e, axis=1)[:, None], 0.)
+    return accd
 
 
 @triton.jit
@@ -176,9 +201,11 @@ def _states(a, b, gc, s0, s_end, hs, cu, coff, T, scale,
 
 @triton.jit
 def _fwd_o(qg, v, A, hs, o, cidx, T, scale, H, K: tl.constexpr, V: tl.constexpr, IS_VARLEN: tl.constexpr,
-           BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """o = scale * qg S_c + A v for one chunk and one V tile, from the stored chunk-start states."""
-    i_c, i_v, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+           BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr):
+    """o = scale * qg S_c + A v for one chunk and one V tile, from the stored chunk-start states.  The V
+    tiles of one chunk are neighbours in the grid, so its qg and A rows are read from L2 after the first."""
+    i_cv, i_h = tl.program_id(0), tl.program_id(1)
+    i_c, i_v = i_cv // NV, i_cv % NV
     t0, t1 = _chunk_bounds(i_c, cidx, T, IS_VARLEN, BT)
     o_t = tl.arange(0, BT)
     rows = t0 + o_t
@@ -210,8 +237,9 @@ def gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen):
     gc = torch.empty(g.shape, device=g.device, dtype=torch.float32)
     qg, kg = torch.empty_like(q), torch.empty_like(k)
     bk = max(16, min(64, _p2(K)))
-    _gate_prep[(NC, triton.cdiv(K, bk), H)](q, k, g, gc, qg, kg, cidx, T, H, K=K, GATE=gate, IS_VARLEN=varlen,
-                                            BT=BT, BK=bk, num_warps=4)
+    nk = triton.cdiv(K, bk)
+    _gate_prep[(NC * nk, H)](q, k, g, gc, qg, kg, cidx, T, H, K=K, GATE=gate, IS_VARLEN=varlen,
+                             BT=BT, BK=bk, NK=nk, num_warps=4)
     return gc, qg, kg
 
 
@@ -237,14 +265,15 @@ def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
     TT = B * T
     gc, qg, kg = gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen)
     A = torch.empty(TT, H, BT, device=q.device, dtype=torch.float32)
-    bc, bki, _, nwi = _intra_cfg(gate, K, V)
-    _fwd_intra[(NC * (BT // bc), H)](q, k, gc, A, cidx, T, scale, H, K=K, GATE=gate, IS_VARLEN=varlen,
-                                      BT=BT, BC=bc, BK=bki, LIM=diag_block_limit(q.dtype), num_warps=nwi)
+    _fwd_intra[(NC, H)](q, k, gc, A, cidx, T, scale, H, K=K, GATE=gate, IS_VARLEN=varlen, BT=BT, BC=BC,
+                        BK=_intra_bk(K), LIM=diag_block_limit(q.dtype), num_warps=4,
+                        num_stages=1)  # H200: 0.085 against 0.148 ms with 3 stages at (64,512,2,256)
     hs, ht = run_states(kg, v, gc, gate, h0, output_final_state, geo, 1.0, False)
     o = torch.empty(TT, H, V, device=q.device, dtype=q.dtype)
     bk, bv = _par_tiles(K, V)
-    _fwd_o[(NC, triton.cdiv(V, bv), H)](qg, v, A, hs, o, cidx, T, scale, H, K=K, V=V, IS_VARLEN=varlen,
-                                        BT=BT, BK=bk, BV=bv, num_warps=4)
+    nv = triton.cdiv(V, bv)
+    _fwd_o[(NC * nv, H)](qg, v, A, hs, o, cidx, T, scale, H, K=K, V=V, IS_VARLEN=varlen,
+                         BT=BT, BK=bk, BV=bv, NV=nv, num_warps=8)
     return o.view(B, T, H, V), ht, A, (gc, qg, kg), hs, geo
 
 

@@ -28,20 +28,6 @@ def _chunk_bounds(i_c, cidx, T, IS_VARLEN: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _sub_block(i_cb, cidx, T, IS_VARLEN: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
-    """Program i_cb's BC-row sub-block of its chunk: the chunk end t1, the block's first row ts and its
-    chunk-local start bs, its rows and the chunk's columns, and both clamped to the chunk's last row
-    (rl, cl: gc loads past the end repeat that row, so no exp overflows there)."""
-    NB: tl.constexpr = BT // BC
-    t0, t1 = _chunk_bounds(i_cb // NB, cidx, T, IS_VARLEN, BT)
-    bs = (i_cb % NB) * BC
-    ts = t0 + bs
-    rows = ts + tl.arange(0, BC)
-    cols = t0 + tl.arange(0, BT)
-    return t1, ts, bs, rows, cols, tl.minimum(rows, t1 - 1), tl.minimum(cols, t1 - 1)
-
-
-@triton.jit
 def _seq_bounds(i_n, cu, T, IS_VARLEN: tl.constexpr):
     if IS_VARLEN:
         bos = tl.load(cu + i_n).to(tl.int32)
@@ -53,32 +39,32 @@ def _seq_bounds(i_n, cu, T, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _diag_block_fits(gc, ts, t1, i_h, H, K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, LIM: tl.constexpr):
-    """Whether the BC-row block starting at row ts decays by less than LIM (in log) over its rows in every
-    channel.  Then exp(gc_first - gc_j) stays below exp(LIM) inside it, and the block's own pairs can go
-    through the same reference-row matrix product as the earlier blocks; otherwise they are summed
-    exactly, one column at a time."""
-    last = tl.minimum(ts + BC, t1) - 1
-    d = tl.zeros([BK], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        r0 = tl.load(gc + (ts * H + i_h) * K + o_k, mask=m_k, other=0.)
-        r1 = tl.load(gc + (last * H + i_h) * K + o_k, mask=m_k, other=0.)
-        d = tl.maximum(d, r0 - r1)
-    return tl.max(d, axis=0) < LIM
+def _block_decay(gc, t0, t1, i_h, o_k, m_k, H, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """[BT // BC]: the largest log-decay over the rows of each BC-row block of the chunk [t0, t1), over
+    the channels o_k.  Below LIM, exp(gc_first - gc_j) stays below exp(LIM) inside the block, and its own
+    pairs can go through the reference-row product; otherwise they are summed exactly."""
+    o_b = tl.arange(0, BT // BC)
+    first = tl.minimum(t0 + o_b * BC, t1 - 1)
+    last = tl.minimum(t0 + o_b * BC + BC - 1, t1 - 1)
+    r0 = tl.load(gc + (first[:, None] * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.)
+    r1 = tl.load(gc + (last[:, None] * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.)
+    return tl.max(r0 - r1, axis=1)
 
 
 @triton.jit
-def _load_gate(gc, rows, m, t_last, i_h, o_k, m_k, H, K: tl.constexpr, GATE: tl.constexpr):
-    """The chunk's cumulative log-decay: a [BT, BK] (diagonal) or [BT, 1] (scalar) tile, and its last
-    row (row t_last, the chunk's total decay)."""
-    if GATE == 2:
-        b_gc = tl.load(gc + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
-        return b_gc, _total_decay(gc, t_last, i_h, o_k, m_k, H, K, GATE)
-    else:
-        b_gc = tl.load(gc + rows * H + i_h, mask=m, other=0.)
-        return b_gc[:, None], _total_decay(gc, t_last, i_h, o_k, m_k, H, K, GATE)
+def _diag_decay(gc, t0, t1, i_h, H, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
+    """``_block_decay`` over all K channels."""
+    d = tl.zeros([BT // BC], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        d = tl.maximum(d, _block_decay(gc, t0, t1, i_h, o_k, o_k < K, H, K, BT, BC))
+    return d
+
+
+@triton.jit
+def _pick(x, i):
+    """Element i of the small vector x, as a scalar."""
+    return tl.sum(tl.where(tl.arange(0, x.shape[0]) == i, x, 0), axis=0)
 
 
 @triton.jit
@@ -138,14 +124,9 @@ def diag_block_limit(dtype) -> float:
     return 0.0 if dtype == torch.float16 else 40.0
 
 
-def _intra_cfg(gate: int, K: int, V: int):
-    """(rows per program, K tile, V tile, warps) of the intra-chunk kernels. Diagonal gate: measured
-    on the H200 over BC 16/32, BK 32/64, BV 64/128, 4/8 warps (benchmarks/intra_configs.py); 16-row
-    blocks with 64-wide tiles and 4 warps were fastest at both shapes tried, 1.5-1.7x over 32-wide
-    K tiles with 8 warps."""
-    if gate == 2:
-        return BC, max(16, min(64, _p2(K))), max(16, min(64, _p2(V))), 4
-    return BT, max(16, min(64, _p2(K))), max(16, min(64, _p2(V))), 4
+def _intra_bk(K: int) -> int:
+    """K tile of the whole-chunk intra kernel of the forward."""
+    return max(16, min(64, _p2(K)))
 
 
 def _seq_cfg(K: int, V: int):
@@ -159,3 +140,11 @@ def _par_tiles(K: int, V: int):
     320 KB of shared memory in the backward)."""
     bk, bv = _seq_cfg(K, V)[:2]
     return min(bk, 64), min(bv, 64)
+
+
+def _bwd_tiles(K: int, V: int):
+    """K and V tiles of the backward gradient kernel (launched with 4 warps): the state tiles.  H200,
+    (64,512,2,256): 0.65 ms with 4 warps against 0.68 with 8.  32-wide K tiles ran faster (0.60 ms) but
+    failed the bf16 strong-decay check on the H200 under triton 3.6 (NaN in dq, dk, dg; correct in the
+    interpreter and in fp32; benchmarks/bwd_tiles_check.py), so they are not used."""
+    return _par_tiles(K, V)
