@@ -29,6 +29,14 @@ def _gate(shape, kind, device, strength=1.0):
     if kind == "none":
         return None
     gs = (B, T, H) if kind == "scalar" else (B, T, H, K)
+    if strength == "mixed":
+        # weak decay, but strong in the upper half of the channels of every other 64-row chunk: chunks and
+        # K tiles on both sides of the whole-chunk product limit in one call
+        g = _gate(shape, kind, device)
+        strong = _gate(shape, kind, device, 4.0)
+        odd = (torch.arange(T, device=device) // 64 % 2 == 1).view(1, T, 1, *([1] * (len(gs) - 3)))
+        upper = (torch.arange(gs[-1], device=device) >= gs[-1] // 2) if kind == "diag" else True
+        return torch.where(odd & upper, strong, g)
     return F.logsigmoid(torch.randn(gs, device=device) * strength + (2.0 if strength <= 1 else -2.0)) / (
         16.0 if strength <= 1 else 1.0)
 
@@ -123,6 +131,8 @@ def _family_cases(dtype):
             cases.append((f"gla_{gate}_K{K}_V{V}_{dn}", chunk_gla_rec, (2, 333, 2, K, V, gate), dict(h0=True), K ** -0.5))
     cases += [
         (f"gla_diag_strong_decay_{dn}", chunk_gla_rec, (2, 200, 2, 64, 64, "diag"), dict(h0=True, strength=4.0), 0.125),
+        (f"gla_diag_mixed_decay_{dn}", chunk_gla_rec, (2, 300, 2, 128, 64, "diag"), dict(h0=True, strength="mixed"),
+         0.1),
         (f"gla_diag_varlen_{dn}", chunk_gla_rec, (1, 600, 2, 100, 72, "diag"),
          dict(h0=True, varlen=[130, 0, 64, 1, 0, 305, 100]), 0.1),
         (f"gla_scalar_varlen_{dn}", chunk_gla_rec, (1, 600, 3, 64, 64, "scalar"),

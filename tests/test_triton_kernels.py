@@ -98,6 +98,21 @@ def test_chunk_gla_blocks_on_both_sides_of_the_product_limit():
     _compare(gla, inp)
 
 
+def test_chunk_gla_chunks_and_tiles_on_both_sides_of_the_whole_chunk_limit(monkeypatch):
+    # a chunk (per K tile in the backward) that decays by less than 40 (log) from its first row to its last
+    # takes one product; the others fall back to 16-row blocks (fast or exact).  Three chunks, two K tiles:
+    # chunk 0 weak everywhere, chunk 1 strong in the second tile only, chunk 2 very strong in the first
+    monkeypatch.setenv("SANDBOX_TRITON_SEQ_BLOCK", "16")
+    inp = _inputs(1, 192, 1, 32, 16, "diag", decay=(3.0, 1.0))
+    g_ = torch.Generator().manual_seed(1)
+    inp["g"][:, 64:128, :, 16:] = F.logsigmoid(torch.randn(1, 64, 1, 16, generator=g_) - 0.5)
+    inp["g"][:, 128:, :, :16] = F.logsigmoid(torch.randn(1, 64, 1, 16, generator=g_) * 4.0 - 6.0)
+    gc = inp["g"].view(3, 64, 2, 16).cumsum(1)
+    span = (gc[:, 0] - gc[:, -1]).amax(-1)  # [chunk, K tile]
+    assert (span < 40).tolist() == [[True, True], [True, False], [False, True]], span
+    _compare(gla, inp)
+
+
 def test_chunk_gla_varlen_with_empty_segments():
     cu = torch.tensor([0, 30, 30, 95, 95, 100])
     _compare(gla, _inputs(1, 100, 2, 20, 24, "diag", N=5), cu=cu)

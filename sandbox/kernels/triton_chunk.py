@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sandbox.kernels.triton_chunk_common import (BC, BT, _chunk_bounds, _diag_decay, _gate_kind, _geometry, _intra_bk,
+from sandbox.kernels.triton_chunk_common import (BC, BT, _chunk_bounds, _chunk_decay, _diag_decay, _gate_kind, _geometry, _intra_bk,
                                                  _p2, _par_tiles, _pick, _seq_bounds, _seq_cfg, _total_decay,
                                                  chunk_table, diag_block_limit)
 
@@ -82,6 +82,7 @@ def _fwd_intra(q, k, gc, A, cidx, T, scale,
     acc = tl.zeros([BT, BT], dtype=tl.float32)
     if GATE == 2:
         fast = tl.where(_diag_decay(gc, t0, t1, i_h, H, K, BT, BC, BK) < LIM, 1, 0)  # per row block
+        whole = _chunk_decay(gc, t0, t1, i_h, H, K, BK) < LIM  # then one product per K tile
         rc = tl.minimum(rows, t1 - 1)  # gc loads past the end repeat the last row: no overflow there
         rs = tl.minimum(t0 + blk * BC, t1 - 1)  # each row's reference row
     for i_k in range(0, tl.cdiv(K, BK)):
@@ -92,13 +93,20 @@ def _fwd_intra(q, k, gc, A, cidx, T, scale,
         b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.)
         if GATE == 2:
             b_g = tl.load(gc + (rc[:, None] * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.)
-            b_R = tl.load(gc + (rs[:, None] * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.)
-            qe = (b_q.to(tl.float32) * tl.exp(b_g - b_R)).to(b_k.dtype)
-            for r in tl.static_range(BT // BC):
-                ref = tl.load(gc + (tl.minimum(t0 + r * BC, t1 - 1) * H + i_h) * K + o_k, mask=m_k, other=0.)
-                hi = r * BC + BC * _pick(fast, r)  # columns the product covers
-                ke = b_k.to(tl.float32) * tl.exp(tl.where((o_t < hi)[:, None], ref[None, :] - b_g, float("-inf")))
-                acc += tl.dot(tl.where((blk == r)[:, None], qe, 0.), tl.trans(ke.to(b_k.dtype)))
+            if whole:
+                g0 = tl.load(gc + (t0 * H + i_h) * K + o_k, mask=m_k, other=0.)
+                qw = (b_q.to(tl.float32) * tl.exp(b_g - g0[None, :])).to(b_k.dtype)
+                kw = (b_k.to(tl.float32) * tl.exp(g0[None, :] - b_g)).to(b_k.dtype)
+                acc += tl.dot(qw, tl.trans(kw))
+            else:
+                b_R = tl.load(gc + (rs[:, None] * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.)
+                qe = (b_q.to(tl.float32) * tl.exp(b_g - b_R)).to(b_k.dtype)
+                for r in tl.static_range(BT // BC):
+                    ref = tl.load(gc + (tl.minimum(t0 + r * BC, t1 - 1) * H + i_h) * K + o_k, mask=m_k, other=0.)
+                    hi = r * BC + BC * _pick(fast, r)  # columns the product covers
+                    ke = b_k.to(tl.float32) * tl.exp(tl.where((o_t < hi)[:, None], ref[None, :] - b_g,
+                                                              float("-inf")))
+                    acc += tl.dot(tl.where((blk == r)[:, None], qe, 0.), tl.trans(ke.to(b_k.dtype)))
         else:
             acc += tl.dot(b_q, tl.trans(b_k))
     m_A = (o_t[None, :] <= o_t[:, None]) & m[None, :] & m[:, None]

@@ -100,8 +100,18 @@ def _bwd_chunk(q, k, v, gc, kg, A, dA, do, h, dh, dq, dk, dv, dg, cidx, T, TT, s
             b_dk = b_dk * tl.exp(gl[None, :] - b_g)
             # gradient flowing into later chunks through this chunk's decay: rowsum(S_end * dS_c)
             carry = tl.exp(gl) * hs + tl.sum(b_k.to(tl.float32) * b_dk, axis=0)
-            b_dq = _intra_dq(b_dq, b_dA, b_k, b_g, k, gc, t0, t1, i_h, o_k, m_k, H, K, BT, BC, BK, LIM)
-            b_dk = _intra_dk(b_dk, b_dA, b_q, b_g, gc, t0, t1, i_h, o_k, m_k, H, K, BT, BC, BK, LIM)
+            g0 = tl.load(gc + (t0 * H + i_h) * K + o_k, mask=m_k, other=0.)
+            if tl.max(g0 - gl, axis=0) < LIM:
+                # the whole chunk decays by less than exp(LIM) in this tile: one product each, with gc
+                # at the chunk's first row as the reference
+                dAb = b_dA.to(dt)
+                ke = (b_k.to(tl.float32) * tl.exp(g0[None, :] - b_g)).to(dt)
+                qe = (b_q.to(tl.float32) * tl.exp(b_g - g0[None, :])).to(dt)
+                b_dq += tl.dot(dAb, ke) * tl.exp(b_g - g0[None, :])
+                b_dk += tl.dot(tl.trans(dAb), qe) * tl.exp(g0[None, :] - b_g)
+            else:
+                b_dq = _intra_dq(b_dq, b_dA, b_k, b_g, k, gc, t0, t1, i_h, o_k, m_k, H, K, BT, BC, BK, LIM)
+                b_dk = _intra_dk(b_dk, b_dA, b_q, b_g, gc, t0, t1, i_h, o_k, m_k, H, K, BT, BC, BK, LIM)
         else:
             if GATE == 1:
                 b_g1 = tl.load(gc + rc * H + i_h)

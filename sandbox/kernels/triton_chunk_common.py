@@ -62,6 +62,20 @@ def _diag_decay(gc, t0, t1, i_h, H, K: tl.constexpr, BT: tl.constexpr, BC: tl.co
 
 
 @triton.jit
+def _chunk_decay(gc, t0, t1, i_h, H, K: tl.constexpr, BK: tl.constexpr):
+    """The largest log-decay from the first to the last row of the chunk [t0, t1), over all K channels.
+    Below LIM the whole chunk's pairs fit one product with gc at its first row as the reference."""
+    d = tl.zeros([BK], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        g0 = tl.load(gc + (t0 * H + i_h) * K + o_k, mask=m_k, other=0.)
+        gl = tl.load(gc + ((t1 - 1) * H + i_h) * K + o_k, mask=m_k, other=0.)
+        d = tl.maximum(d, g0 - gl)
+    return tl.max(d, axis=0)
+
+
+@triton.jit
 def _pick(x, i):
     """Element i of the small vector x, as a scalar."""
     return tl.sum(tl.where(tl.arange(0, x.shape[0]) == i, x, 0), axis=0)
