@@ -10,8 +10,10 @@ Layout of the work (chunk length BT = 64, sub-blocks of BC = 16 rows):
   forward   1. ``_gate_prep``  (parallel over chunks x K tiles): gc = chunk-local cumulative log-decay
                (fp32), qg = q exp(gc), kg = k exp(gl - gc) (gl = the chunk's total decay).
             2. ``_fwd_intra``  (parallel over chunks; one program holds the whole 64 x 64 block): the masked
-               intra-chunk matrix A[i, j] = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i.  Row
-               block r (16 rows) meets the earlier columns through one product with gc at its first row
+               intra-chunk matrix A[i, j] = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i.  A chunk
+               that decays by less than exp(40) from its first row to its last takes one product per K
+               tile with gc at its first row as the reference.  Otherwise row block r (16 rows) meets the
+               earlier columns through one product with gc at its first row
                as the reference (every exponent <= 0).  The block's own pairs join that product when the
                block decays by less than exp(40) (the keys then grow by at most that), else they are
                summed exactly, column by column (``_diag_exact``).
@@ -70,7 +72,8 @@ def _fwd_intra(q, k, gc, A, cidx, T, scale,
                H, K: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
                BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, LIM: tl.constexpr):
     """A[i, j] = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i, one whole chunk per program.
-    Diagonal gate: row block r (BC rows) meets every earlier column through one product with a reference
+    Diagonal gate: one product per K tile when the chunk decays by less than exp(LIM) (``_chunk_decay``),
+    with gc at its first row as the reference.  Otherwise row block r (BC rows) meets every earlier column through one product with a reference
     row, gc at the block's first row (every exponent <= 0); its own pairs join that product when the
     block decays by less than exp(LIM) (``_diag_decay``), else ``_diag_exact`` sums them."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)

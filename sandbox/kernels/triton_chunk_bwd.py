@@ -7,6 +7,7 @@ later chunks (and the final state):
     dq = scale * exp(gc) * (dO S_c^T),   dk = exp(gl - gc) * (v dS_c^T),   dv = (k * exp(gl - gc)) dS_c
 plus the intra-chunk parts, from dA = scale * dO v^T (masked to j <= i) and A:
     dq_i += sum_{j <= i} dA_ij exp(gc_i - gc_j) k_j,  dk_j += sum_{i >= j} dA_ij exp(gc_i - gc_j) q_i,  dv += A^T dO.
+(one product each when the chunk decays by less than exp(LIM) in a K tile, else the forward's 16-row split).
 The gate gradient is dg_t = sum_{s >= t} (q_s dq_s - k_s dk_s) + rowsum(S_T dS_T) per segment; the sum over
 all later chunks equals rowsum(S_end_c * dS_c) (the same identity at a chunk boundary), and with
 S_end_c = exp(gl) S_c + (k * exp(gl - gc))^T v that is

@@ -132,8 +132,9 @@ def _geometry(q, v, cu_seqlens):
 
 
 def diag_block_limit(dtype) -> float:
-    """Largest log-decay across one 16-row block for which its pairs use the reference-row product:
-    the decayed keys then grow by at most exp(40) ~ 2e17, far inside the bf16 / fp32 range.  fp16
+    """Largest log-decay across a whole chunk (or, failing that, one 16-row block) for which its pairs use
+    one reference-row product: the decayed keys then grow by at most exp(40) ~ 2e17, far inside the
+    bf16 / fp32 range.  fp16
     (largest value 65504) always takes the exact column-by-column sum."""
     return 0.0 if dtype == torch.float16 else 40.0
 
@@ -158,7 +159,7 @@ def _par_tiles(K: int, V: int):
 
 def _bwd_tiles(K: int, V: int):
     """K and V tiles of the backward gradient kernel (launched with 4 warps): the state tiles.  H200,
-    (64,512,2,256): 0.65 ms with 4 warps against 0.68 with 8.  32-wide K tiles ran faster (0.60 ms) but
-    failed the bf16 strong-decay check on the H200 under triton 3.6 (NaN in dq, dk, dg; correct in the
-    interpreter and in fp32; benchmarks/bwd_tiles_check.py), so they are not used."""
+    (64,512,2,256): 0.47 ms with 4 warps against 0.51 with 8.  32-wide K tiles ran 1% faster (0.463 ms)
+    but failed the bf16 strong-decay check on the H200 under triton 3.6 in session 5 (NaN in dq, dk, dg;
+    correct in the interpreter and in fp32; benchmarks/bwd_tiles_check.py), so they are not used."""
     return _par_tiles(K, V)
