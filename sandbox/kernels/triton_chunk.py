@@ -31,9 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-from sandbox.kernels.triton_chunk_common import (BC, BT, _chunk_bounds, _chunk_decay, _diag_decay, _gate_kind, _geometry, _intra_bk,
-                                                 _p2, _par_tiles, _pick, _seq_bounds, _seq_cfg, _total_decay,
-                                                 chunk_table, diag_block_limit)
+from sandbox.kernels.triton_chunk_common import (BC, BT, _chunk_bounds, _chunk_decay, _diag_decay, _gate_kind,
+                                                 _geometry, _intra_bk, _p2, _par_tiles, _pick, _seq_bounds, _seq_cfg,
+                                                 _total_decay, chunk_table, diag_block_limit)
 
 __all__ = ["chunk_gla", "chunk_table"]
 
@@ -73,9 +73,10 @@ def _fwd_intra(q, k, gc, A, cidx, T, scale,
                BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, LIM: tl.constexpr):
     """A[i, j] = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i, one whole chunk per program.
     Diagonal gate: one product per K tile when the chunk decays by less than exp(LIM) (``_chunk_decay``),
-    with gc at its first row as the reference.  Otherwise row block r (BC rows) meets every earlier column through one product with a reference
-    row, gc at the block's first row (every exponent <= 0); its own pairs join that product when the
-    block decays by less than exp(LIM) (``_diag_decay``), else ``_diag_exact`` sums them."""
+    with gc at its first row as the reference.  Otherwise row block r (BC rows) meets every earlier column
+    through one product with a reference row, gc at the block's first row (every exponent <= 0); its own
+    pairs join that product when the block decays by less than exp(LIM) (``_diag_decay``), else
+    ``_diag_exact`` sums them."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     t0, t1 = _chunk_bounds(i_c, cidx, T, IS_VARLEN, BT)
     o_t = tl.arange(0, BT)

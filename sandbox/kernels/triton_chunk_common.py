@@ -134,8 +134,7 @@ def _geometry(q, v, cu_seqlens):
 def diag_block_limit(dtype) -> float:
     """Largest log-decay across a whole chunk (or, failing that, one 16-row block) for which its pairs use
     one reference-row product: the decayed keys then grow by at most exp(40) ~ 2e17, far inside the
-    bf16 / fp32 range.  fp16
-    (largest value 65504) always takes the exact column-by-column sum."""
+    bf16 / fp32 range.  fp16 (largest value 65504) always takes the exact column-by-column sum."""
     return 0.0 if dtype == torch.float16 else 40.0
 
 
