@@ -32,8 +32,9 @@ import triton
 import triton.language as tl
 
 from sandbox.kernels.triton_chunk_common import (BC, BT, _chunk_bounds, _chunk_decay, _diag_decay, _gate_kind,
-                                                 _geometry, _intra_bk, _p2, _par_tiles, _pick, _seq_bounds, _seq_cfg,
-                                                 _total_decay, chunk_table, diag_block_limit)
+                                                 _geometry, _intra_bk, _p2, _par_tiles, _pick, chunk_table,
+                                                 diag_block_limit, run_states)
+from sandbox.kernels.triton_chunk_bwd import _bwd
 
 __all__ = ["chunk_gla", "chunk_table"]
 
@@ -162,56 +163,6 @@ def _diag_exact(q, k, gc, ts, t1, i_h, H, K: tl.constexpr, BC: tl.constexpr, BK:
 
 
 @triton.jit
-def _states(a, b, gc, s0, s_end, hs, cu, coff, T, scale,
-            H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
-            REVERSE: tl.constexpr, HAS_S0: tl.constexpr, STORE_END: tl.constexpr,
-            BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr):
-    """The only sequential pass: X <- diag(exp(gl_c)) X + scale * a_c^T b_c over the chunks c of one
-    segment, for one [BK, BV] tile.  Forward (a = kg, b = v): X is the state, stored into hs at every
-    chunk start, the final one into s_end.  REVERSE (a = qg, b = dO): X is the gradient of the state
-    from later chunks, stored at every chunk end, d(initial state) into s_end.  s0 starts X."""
-    i_kv, i_nh = tl.program_id(0), tl.program_id(1)
-    i_k = i_kv // NV
-    i_v = i_kv % NV
-    i_n = i_nh // H
-    i_h = i_nh % H
-    bos, eos = _seq_bounds(i_n, cu, T, IS_VARLEN)
-    if IS_VARLEN:
-        c0 = tl.load(coff + i_n).to(tl.int32)
-    else:
-        c0 = i_n * tl.cdiv(T, BT)
-    nc = tl.cdiv(eos - bos, BT)
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_t = tl.arange(0, BT)
-    m_k = o_k < K
-    m_v = o_v < V
-    m_h = m_k[:, None] & m_v[None, :]
-    p_c = (i_h * K + o_k[:, None]) * V + o_v[None, :]  # inside one chunk's [H, K, V] block
-    p_h = (i_nh * K + o_k[:, None]) * V + o_v[None, :]  # inside [N, H, K, V]
-    if HAS_S0:
-        X = tl.load(s0 + p_h, mask=m_h, other=0.).to(tl.float32)
-    else:
-        X = tl.zeros([BK, BV], dtype=tl.float32)
-    for i in range(0, nc):
-        if REVERSE:
-            j = nc - 1 - i
-        else:
-            j = i
-        tl.store(hs + (c0 + j).to(tl.int64) * H * K * V + p_c, X.to(hs.dtype.element_ty), mask=m_h)
-        rows = bos + j * BT + o_t
-        m = rows < eos
-        b_a = tl.load(a + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
-        b_b = tl.load(b + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m[:, None] & m_v[None, :], other=0.)
-        if GATE > 0:
-            gl = _total_decay(gc, tl.minimum(bos + j * BT + BT, eos) - 1, i_h, o_k, m_k, H, K, GATE)
-            X = X * tl.exp(gl)[:, None]
-        X += tl.dot(tl.trans(b_a), b_b) * scale
-    if STORE_END:
-        tl.store(s_end + p_h, X, mask=m_h)
-
-
-@triton.jit
 def _fwd_o(qg, v, A, hs, o, cidx, T, scale, H, K: tl.constexpr, V: tl.constexpr, IS_VARLEN: tl.constexpr,
            BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr):
     """o = scale * qg S_c + A v for one chunk and one V tile, from the stored chunk-start states.  The V
@@ -255,21 +206,6 @@ def gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen):
     return gc, qg, kg
 
 
-def run_states(a, b, gc, gate, s0, store_end, geo, scale, reverse):
-    """The sequential pass ``_states``: per-chunk states (forward: a = kg, b = v) or state gradients
-    (reverse: a = qg, b = dO), kept in bf16 for bf16 inputs (they are dot operands in that dtype anyway)
-    and in fp32 otherwise; and the end value in fp32 (final state, or d(initial state)) when asked."""
-    B, T, H, K, V, N, varlen, cidx, NC, cu, coff = geo
-    sdt = torch.bfloat16 if a.dtype == torch.bfloat16 else torch.float32
-    hs = torch.empty(NC, H, K, V, device=a.device, dtype=sdt)
-    end = torch.empty(N, H, K, V, device=a.device, dtype=torch.float32) if store_end else None
-    bk, bv, NK, NV, nw = _seq_cfg(K, V)
-    _states[(NK * NV, N * H)](a, b, gc, s0 if s0 is not None else a, end if end is not None else a, hs, cu, coff,
-                              T, scale, H, K=K, V=V, GATE=gate, IS_VARLEN=varlen, REVERSE=reverse,
-                              HAS_S0=s0 is not None, STORE_END=store_end, BT=BT, BK=bk, BV=bv, NV=NV, num_warps=nw)
-    return hs, end
-
-
 def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
     geo = _geometry(q, v, cu_seqlens)
     B, T, H, K, V, N, varlen, cidx, NC, cu, coff = geo
@@ -305,8 +241,6 @@ class ChunkGLAFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, g, gc, qg, kg, h0, A, hs, cu_seqlens = ctx.saved_tensors
-        from sandbox.kernels.triton_chunk_bwd import _bwd  # imports this module's helpers
-
         need_dh0 = h0 is not None and ctx.needs_input_grad[4]
         # ctx.geo: the forward's chunk table (building it again would cost a host sync)
         dq, dk, dv, dg, dh0 = _bwd(q, k, v, g, gc, qg, kg, hs, ctx.scale, A, do.to(q.dtype).contiguous(),

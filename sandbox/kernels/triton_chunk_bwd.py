@@ -27,9 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from sandbox.kernels.triton_chunk import run_states
 from sandbox.kernels.triton_chunk_common import (BC, BT, _block_decay, _bwd_tiles, _chunk_bounds, _gate_kind, _pick,
-                                                 diag_block_limit)
+                                                 diag_block_limit, run_states)
 
 
 @triton.jit
