@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from sandbox.cli import main
-from sandbox.sweep_study import open_storage
-from sandbox.sweep_spec import load_sweep
+from sandbox.sweep.study import open_storage
+from sandbox.sweep.spec import load_sweep
 
 BASE = """\
 base:
@@ -134,7 +134,7 @@ def test_grid_two_workers_every_point_once_and_resume_is_a_no_op(tmp_path):
 def test_a_sweep_directory_moved_from_another_machine_resumes_its_running_trials(tmp_path):
     # a journal holds a trial RUNNING on a machine that is gone (a GPU lease taken back, the
     # directory copied here): the launcher adopts it instead of waiting for it forever
-    from sandbox.sweep_study import enqueue_points, load_study, prepare_study
+    from sandbox.sweep.study import enqueue_points, load_study, prepare_study
     path = write(tmp_path, """\
         name: moved
         grid:
@@ -298,7 +298,7 @@ def test_interrupt_and_kill_minus_9_then_rerun_completes_every_point_once(tmp_pa
 
 
 def test_worker_slots_spread_workers_over_visible_gpus():
-    from sandbox.sweep import worker_slots
+    from sandbox.sweep.runner import worker_slots
     assert worker_slots(["0", "1"], None, 3) == ["0", "1", "0", "1", "0", "1"]
     assert worker_slots(["2", "5"], None, None) == ["2", "5"]
     assert worker_slots(["0", "1"], 3, None) == ["0", "1", "0"]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.sweep_spec import load_sweep
+from sandbox.sweep.spec import load_sweep
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
 ISSUE8 = ["sse_fig8_topk", "sse_state_scaling", "sse_ablations", "sla_heads", "zoology_fig2"]

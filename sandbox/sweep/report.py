@@ -1,7 +1,7 @@
 """What a sweep shows and writes: the live table, ``results.csv``, the per-grid-point
-summary (``summary.csv``, ``summary.md``), ``sandbox sweep status``, and the
-per-grid-point median pruner. Everything is computed from the Optuna study alone, so
-any machine sharing the storage can report on the whole sweep.
+summary (``summary.csv``, ``summary.md``) and ``sandbox sweep status``. Everything is
+computed from the Optuna study alone, so any machine sharing the storage can report on
+the whole sweep.
 """
 from __future__ import annotations
 
@@ -23,44 +23,6 @@ def make_console():
     from rich.console import Console
     c = Console()
     return c if c.is_terminal else Console(width=200)
-
-
-def objective_value(history: list[dict], metric: str, mode: str, direction: str) -> float:
-    values = [h[metric] for h in history if h.get(metric) is not None]
-    if not values:
-        raise ValueError(f"objective: the run has no {metric} evaluation")
-    if mode == "final":
-        return float(values[-1])
-    return float(max(values) if direction == "maximize" else min(values))
-
-
-class GridMedianPruner(optuna.pruners.BasePruner):
-    """Median pruning among the trials of the same grid point only: comparing a small
-    model's learning rates with a large model's accuracy would prune the small model
-    for being small. A trial is stopped when its best value so far is worse than the
-    median, at the same step, of the finished trials of its grid point."""
-
-    def __init__(self, median: bool = True, warmup_evals: int = 1, min_trials: int = 2):
-        self.warmup_evals, self.min_trials = warmup_evals, min_trials
-
-    def prune(self, study, trial) -> bool:
-        step = trial.last_step
-        if step is None or len(trial.intermediate_values) <= self.warmup_evals:
-            return False
-        maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
-        best = max if maximize else min
-        gid = trial.user_attrs.get("grid_id")
-        others = []
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            if t.user_attrs.get("grid_id") == gid and t.number != trial.number:
-                upto = [v for s, v in t.intermediate_values.items() if s <= step]
-                if upto and step in t.intermediate_values:
-                    others.append(best(upto))
-        if len(others) < self.min_trials:
-            return False
-        mine = best(trial.intermediate_values[s] for s in trial.intermediate_values if s <= step)
-        med = statistics.median(others)
-        return mine < med if maximize else mine > med
 
 
 # ---- rows ------------------------------------------------------------------------------------
@@ -379,7 +341,7 @@ def print_summary(console, study, trials, summary, seeds, failures, tm, gpu) -> 
 
 
 def status(sweep_dir: Path, storage_url: str | None) -> int:
-    from sandbox.sweep_study import load_study, open_storage
+    from sandbox.sweep.study import load_study, open_storage
 
     meta_path = sweep_dir / "sweep.json"
     if not meta_path.is_file():

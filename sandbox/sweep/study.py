@@ -16,16 +16,22 @@ Trial bookkeeping (all in the study, so any machine can resume or report):
 A trial whose worker died (seen by the launcher on its own host, or by a missed
 heartbeat with PostgreSQL) or that was interrupted is marked FAIL and re-enqueued
 as a copy that trains in the same run directory, resuming its checkpoint.
+The pruner compares trials of one grid point only (``GridMedianPruner``).
 Optuna's private ``study._storage`` / ``study._study_id`` are used for the atomic
 queue operations that its public API only exposes inside ``Study.optimize``.
 """
 from __future__ import annotations
 
 import os
+import statistics
 import socket
 import time
 import warnings
 from pathlib import Path
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import TrialState, create_trial
 
 # machine name recorded on trials (set it where machines share a hostname, e.g. containers)
 HOST = os.environ.get("SANDBOX_SWEEP_HOST") or socket.gethostname()
@@ -38,7 +44,6 @@ FINAL_FAIL = "failure"
 
 def open_storage(sweep_dir: Path, url: str | None, heartbeat: int | None = None):
     """The journal file inside the sweep directory, or an RDB (PostgreSQL) URL with heartbeats."""
-    import optuna
     from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalStorage
 
     if not url:
@@ -74,14 +79,11 @@ def uses_heartbeat(storage) -> bool:
 
 
 def make_pruner(pruning: dict | None):
-    import optuna
-    from sandbox.sweep_report import GridMedianPruner
     return GridMedianPruner(**pruning) if pruning else optuna.pruners.NopPruner()
 
 
 def load_study(storage, name: str, pruning: dict | None = None):
     """The study (every trial's values are enqueued, so the sampler never samples)."""
-    import optuna
     return optuna.load_study(study_name=name, storage=storage, pruner=make_pruner(pruning),
                              sampler=optuna.samplers.RandomSampler(seed=0))
 
@@ -95,8 +97,6 @@ def requeue(study, trial, reason: str, count: bool = True) -> int | None:
     that resumes the same run directory. The copy records ``retry_of`` and ``retry_reason``
     (a finished trial's attributes cannot change). After MAX_RETRIES lost runs the point is
     recorded as failed instead."""
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.trial import TrialState, create_trial
 
     storage, tid = study._storage, trial._trial_id
     retries = trial.user_attrs.get("retries", 0) + int(count)
@@ -127,7 +127,7 @@ def _worker_alive(pid: int) -> bool:
     cmdline = Path(f"/proc/{pid}/cmdline")
     if Path("/proc/self").exists():
         try:
-            return b"sandbox.sweep_worker" in cmdline.read_bytes()
+            return b"sandbox.sweep.worker" in cmdline.read_bytes()
         except OSError:
             return False
     try:
@@ -144,8 +144,6 @@ def reap(study, heartbeat: bool, adopt_foreign: bool = False) -> list[str]:
     those of any machine that stopped beating). ``adopt_foreign`` (a launcher starting on a
     journal, which only one machine uses at a time): trials of workers on other hosts are
     lost too, e.g. a sweep directory copied from a machine that was taken away."""
-    import optuna
-    from optuna.trial import TrialState
 
     notes = []
     if heartbeat:
@@ -167,7 +165,6 @@ def reap(study, heartbeat: bool, adopt_foreign: bool = False) -> list[str]:
 def holds(trial) -> bool:
     """Does this trial settle its point (done, running, queued, or failed for a reason)?
     A lost trial does not; its retry (or, without one, a rerun of the sweep) does."""
-    from optuna.trial import TrialState
     if trial.state == TrialState.FAIL:
         return FINAL_FAIL in trial.user_attrs and "duplicate_of" not in trial.user_attrs
     return True
@@ -175,7 +172,6 @@ def holds(trial) -> bool:
 
 def enqueue_points(study, spec, retry_failed: bool = False) -> int:
     """Queue every point no trial holds yet; ``retry_failed``: also those whose trials failed."""
-    from optuna.trial import TrialState
     trials = trials_in(study)
     held = {t.user_attrs.get("point_id") for t in trials
             if holds(t) and not (retry_failed and t.state == TrialState.FAIL)}
@@ -194,7 +190,6 @@ def enqueue_points(study, spec, retry_failed: bool = False) -> int:
 
 def prepare_study(spec, storage):
     """Create or load the sweep's study, refusing one that holds another sweep's base config."""
-    import optuna
     from sandbox.config import ConfigError, flatten
 
     study = optuna.create_study(study_name=spec.name, storage=storage, load_if_exists=True,
@@ -213,3 +208,43 @@ def prepare_study(spec, storage):
             raise ConfigError(spec.source, key, f"differs from the study {spec.name!r} already in this storage "
                               f"({a[key]!r} there, {b[key]!r} here); change `name` or the output directory")
     return study
+
+
+# ---- objective and pruning ---------------------------------------------------------------
+
+def objective_value(history: list[dict], metric: str, mode: str, direction: str) -> float:
+    values = [h[metric] for h in history if h.get(metric) is not None]
+    if not values:
+        raise ValueError(f"objective: the run has no {metric} evaluation")
+    if mode == "final":
+        return float(values[-1])
+    return float(max(values) if direction == "maximize" else min(values))
+
+
+class GridMedianPruner(optuna.pruners.BasePruner):
+    """Median pruning among the trials of the same grid point only: comparing a small
+    model's learning rates with a large model's accuracy would prune the small model
+    for being small. A trial is stopped when its best value so far is worse than the
+    median, at the same step, of the finished trials of its grid point."""
+
+    def __init__(self, median: bool = True, warmup_evals: int = 1, min_trials: int = 2):
+        self.warmup_evals, self.min_trials = warmup_evals, min_trials
+
+    def prune(self, study, trial) -> bool:
+        step = trial.last_step
+        if step is None or len(trial.intermediate_values) <= self.warmup_evals:
+            return False
+        maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+        best = max if maximize else min
+        gid = trial.user_attrs.get("grid_id")
+        others = []
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            if t.user_attrs.get("grid_id") == gid and t.number != trial.number:
+                upto = [v for s, v in t.intermediate_values.items() if s <= step]
+                if upto and step in t.intermediate_values:
+                    others.append(best(upto))
+        if len(others) < self.min_trials:
+            return False
+        mine = best(trial.intermediate_values[s] for s in trial.intermediate_values if s <= step)
+        med = statistics.median(others)
+        return mine < med if maximize else mine > med

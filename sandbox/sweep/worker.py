@@ -1,6 +1,6 @@
 """A sweep worker process: pulls WAITING trials from the study until none are left and
-trains each with ``sandbox.train.train`` (``python -m sandbox.sweep_worker``, started
-by the launcher in sandbox/sweep.py with one ``CUDA_VISIBLE_DEVICES`` GPU).
+trains each with ``sandbox.train.train`` (``python -m sandbox.sweep.worker``, started
+by the launcher in sandbox/sweep/runner.py with one ``CUDA_VISIBLE_DEVICES`` GPU).
 
 A diverging, out-of-memory or raising trial is recorded as failed with its reason and
 the worker goes on. SIGINT/SIGTERM (or the launcher dying) interrupts the running
@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from sandbox.sweep_study import (FINAL_FAIL, HOST, heartbeat_interval, holds, load_study, make_pruner,
+from sandbox.sweep.study import (FINAL_FAIL, HOST, heartbeat_interval, holds, load_study, make_pruner,
                                  open_storage, requeue, trials_in, uses_heartbeat)
 
 
@@ -85,8 +85,8 @@ class _Worker:
     def run_trial(self, tid: int) -> int | None:
         import optuna
         import torch
-        from sandbox.sweep_report import objective_value
-        from sandbox.sweep_spec import build_config
+        from sandbox.sweep.spec import build_config
+        from sandbox.sweep.study import objective_value
         from sandbox.train import StopTraining, TrainingDiverged, train
 
         study, storage = self.study, self.study._storage
@@ -181,7 +181,7 @@ def _attach_result(storage, tid: int, run_dir: Path, res: dict | None = None) ->
 
 
 def worker_main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sandbox.sweep_worker")
+    p = argparse.ArgumentParser(prog="python -m sandbox.sweep.worker")
     p.add_argument("--worker", required=True, help="sweep directory")
     p.add_argument("--study", required=True)
     p.add_argument("--storage")

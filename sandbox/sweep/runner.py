@@ -1,11 +1,11 @@
-"""``sandbox sweep FILE.yaml``: a sweep YAML -> one Optuna study -> worker processes.
+"""The launcher of ``sandbox sweep FILE.yaml``: a sweep YAML -> one Optuna study -> worker processes.
 
-The launcher validates the sweep (sandbox/sweep_spec.py), creates or loads the study
-(sandbox/sweep_study.py), enqueues every point the study does not hold yet, and keeps
-one worker process (sandbox/sweep_worker.py) per slot alive until the queue is empty:
+It validates the sweep (spec.py), creates or loads the study (study.py), enqueues every
+point the study does not hold yet, and keeps one worker process (worker.py) per slot
+alive until the queue is empty:
 ``--workers-per-gpu`` on every visible GPU (``CUDA_VISIBLE_DEVICES`` per worker), or
 ``--workers`` on CPU. It requeues the trials of workers that die, samples GPU
-utilisation, shows the live table and writes the outputs (sandbox/sweep_report.py).
+utilisation, shows the live table and writes the outputs (report.py).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from sandbox.sweep_study import enqueue_points, load_study, open_storage, prepare_study, reap, trials_in, uses_heartbeat
+from sandbox.sweep.study import enqueue_points, load_study, open_storage, prepare_study, reap, trials_in, uses_heartbeat
 
 # ---- launcher ------------------------------------------------------------------------------
 
@@ -77,7 +77,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
               workers_per_gpu: int | None = None, heartbeat: int | None = None, live: bool | None = None,
               retry_failed: bool = False) -> int:
     import optuna
-    from sandbox import sweep_report as report
+    from sandbox.sweep import report
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = report.make_console()
@@ -118,7 +118,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         if slots[slot] is not None:
             env["CUDA_VISIBLE_DEVICES"] = slots[slot]
-        cmd = [sys.executable, "-m", "sandbox.sweep_worker", "--worker", str(sweep_dir), "--study", spec.name,
+        cmd = [sys.executable, "-m", "sandbox.sweep.worker", "--worker", str(sweep_dir), "--study", spec.name,
                "--parent", str(os.getpid()), "--threads", str(threads)]
         if storage_url:
             cmd += ["--storage", storage_url, "--heartbeat", str(heartbeat or 10)]
@@ -199,48 +199,3 @@ def _public_url(url: str) -> str:
     """The storage URL without its password (for files and messages)."""
     import re
     return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
-
-
-# ---- CLI -------------------------------------------------------------------------------------
-
-def cmd_sweep(args) -> int:
-    from sandbox.sweep_spec import load_sweep
-    from sandbox import sweep_report
-
-    if args.target[0] == "status":
-        if len(args.target) != 2:
-            raise ValueError("usage: sandbox sweep status SWEEP_DIR")
-        return sweep_report.status(Path(args.target[1]), args.storage)
-    if len(args.target) != 1:
-        raise ValueError("usage: sandbox sweep FILE.yaml  |  sandbox sweep status SWEEP_DIR")
-    for flag in ("workers", "workers_per_gpu", "heartbeat"):
-        v = getattr(args, flag)
-        if v is not None and v < 1:
-            raise ValueError(f"--{flag.replace('_', '-')}: must be >= 1, got {v}")
-    spec = load_sweep(args.target[0])
-    if args.dry_run:
-        return sweep_report.print_points(spec)
-    out = Path(args.out) if args.out else Path("sweeps_out") / spec.name
-    return run_sweep(spec, out, storage_url=args.storage, workers=args.workers,
-                     workers_per_gpu=args.workers_per_gpu, heartbeat=args.heartbeat,
-                     live=False if args.no_live else None, retry_failed=args.retry_failed)
-
-
-def add_cli(sub) -> None:
-    s = sub.add_parser("sweep", help="run a sweep YAML on Optuna (or: sweep status DIR)",
-                       description="Run every point of a sweep YAML as Optuna trials in worker processes; "
-                                   "rerunning the same command resumes. `sandbox sweep status DIR` shows progress.")
-    s.add_argument("target", nargs="+", metavar="FILE.yaml | status DIR")
-    s.add_argument("--out", help="sweep directory (default sweeps_out/<sweep name>)")
-    s.add_argument("--workers", type=int, help="number of worker processes (default: 1 on CPU, "
-                   "--workers-per-gpu x GPUs otherwise)")
-    s.add_argument("--workers-per-gpu", type=int, help="worker processes per visible GPU (default 1)")
-    s.add_argument("--storage", help="shared Optuna storage, e.g. postgresql://user:pw@host/db "
-                   "(default: a journal file in the sweep directory)")
-    s.add_argument("--heartbeat", type=int, help="seconds between worker heartbeats with --storage "
-                   "(default 10; a trial is retried after 3 missed)")
-    s.add_argument("--dry-run", action="store_true", help="validate and list the points, run nothing")
-    s.add_argument("--retry-failed", action="store_true", help="queue failed points again (e.g. after "
-                   "fixing what made them fail); complete ones are kept")
-    s.add_argument("--no-live", action="store_true", help="print progress lines instead of a live table")
-    s.set_defaults(func=cmd_sweep)

@@ -1,0 +1,48 @@
+"""``sandbox sweep FILE.yaml`` and ``sandbox sweep status DIR``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def cmd_sweep(args) -> int:
+    from sandbox.sweep import report
+    from sandbox.sweep.runner import run_sweep
+    from sandbox.sweep.spec import load_sweep
+
+    if args.target[0] == "status":
+        if len(args.target) != 2:
+            raise ValueError("usage: sandbox sweep status SWEEP_DIR")
+        return report.status(Path(args.target[1]), args.storage)
+    if len(args.target) != 1:
+        raise ValueError("usage: sandbox sweep FILE.yaml  |  sandbox sweep status SWEEP_DIR")
+    for flag in ("workers", "workers_per_gpu", "heartbeat"):
+        v = getattr(args, flag)
+        if v is not None and v < 1:
+            raise ValueError(f"--{flag.replace('_', '-')}: must be >= 1, got {v}")
+    spec = load_sweep(args.target[0])
+    if args.dry_run:
+        return report.print_points(spec)
+    out = Path(args.out) if args.out else Path("sweeps_out") / spec.name
+    return run_sweep(spec, out, storage_url=args.storage, workers=args.workers,
+                     workers_per_gpu=args.workers_per_gpu, heartbeat=args.heartbeat,
+                     live=False if args.no_live else None, retry_failed=args.retry_failed)
+
+
+def add_cli(sub) -> None:
+    s = sub.add_parser("sweep", help="run a sweep YAML on Optuna (or: sweep status DIR)",
+                       description="Run every point of a sweep YAML as Optuna trials in worker processes; "
+                                   "rerunning the same command resumes. `sandbox sweep status DIR` shows progress.")
+    s.add_argument("target", nargs="+", metavar="FILE.yaml | status DIR")
+    s.add_argument("--out", help="sweep directory (default sweeps_out/<sweep name>)")
+    s.add_argument("--workers", type=int, help="number of worker processes (default: 1 on CPU, "
+                   "--workers-per-gpu x GPUs otherwise)")
+    s.add_argument("--workers-per-gpu", type=int, help="worker processes per visible GPU (default 1)")
+    s.add_argument("--storage", help="shared Optuna storage, e.g. postgresql://user:pw@host/db "
+                   "(default: a journal file in the sweep directory)")
+    s.add_argument("--heartbeat", type=int, help="seconds between worker heartbeats with --storage "
+                   "(default 10; a trial is retried after 3 missed)")
+    s.add_argument("--dry-run", action="store_true", help="validate and list the points, run nothing")
+    s.add_argument("--retry-failed", action="store_true", help="queue failed points again (e.g. after "
+                   "fixing what made them fail); complete ones are kept")
+    s.add_argument("--no-live", action="store_true", help="print progress lines instead of a live table")
+    s.set_defaults(func=cmd_sweep)
