@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 
-from sandbox.kernel_check import family_checks
+from sandbox.bench.checks import family_checks
 from sandbox.kernels import triton_chunk_bwd as bwd_mod
 
 

@@ -13,7 +13,7 @@ import torch
 import triton.testing
 from torch.profiler import ProfilerActivity, profile
 
-from sandbox.kernel_check import make_inputs
+from sandbox.bench.checks import make_inputs
 from sandbox.kernels import triton_chunk as fwd_mod
 from sandbox.kernels import triton_chunk_bwd as bwd_mod
 from sandbox.kernels.triton_chunk import chunk_gla

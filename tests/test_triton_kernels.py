@@ -14,7 +14,7 @@ import torch.nn.functional as F  # noqa: E402
 
 pytest.importorskip("triton")
 
-from sandbox.bench import _parse_shapes, main_kernels  # noqa: E402
+from sandbox.bench.kernels import _parse_shapes, main_kernels  # noqa: E402
 from sandbox.kernels import linear_recurrence  # noqa: E402
 from sandbox.kernels.reference import recurrent_reference  # noqa: E402
 from sandbox.kernels.triton_chunk import chunk_gla  # noqa: E402
@@ -259,7 +259,7 @@ def test_bench_shapes_argument():
 
 
 def test_bench_check_refuses_wrong_or_nan_kernels():
-    from sandbox.bench import check_recurrence, make_inputs
+    from sandbox.bench.kernels import check_recurrence, make_inputs
     from sandbox.kernels.chunked import chunk_reference
 
     def scaled(factor):

@@ -3,7 +3,7 @@
 Entry points: ``main_kernels(argv) -> int`` (argument parsing, for the CLI) and
 ``run_kernel_bench(check, shapes, out_path, ...) -> dict`` (the work).
 
-Check (``sandbox/kernel_check.py``): every kernel family against the float64 torch reference
+Check (``sandbox/bench/checks.py``): every kernel family against the float64 torch reference
 on fresh random inputs, output, final state and every gradient. A kernel that fails (or gives
 NaN) is not timed.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from sandbox.kernel_check import TOL, chunk_gla_rec, check_recurrence, family_checks, make_inputs
+from sandbox.bench.checks import TOL, chunk_gla_rec, check_recurrence, family_checks, make_inputs
 
 DEFAULT_SHAPES = [(64, 512, 2, 64), (64, 512, 2, 256), (16, 2048, 2, 256), (8, 4096, 4, 128), (8, 2048, 2, 512)]
 H200_BW = 4.8e12       # bytes/s, datasheet
