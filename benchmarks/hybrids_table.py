@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from sandbox.config import load_config  # noqa: E402
 from sandbox.mixers.lte import LearnableTokenEviction  # noqa: E402
-from sandbox.mixers.lte_cache import evaluate_with_cache, use_cache  # noqa: E402
+from sandbox.analysis.lte_eval import evaluate_with_cache  # noqa: E402
+from sandbox.mixers.lte import use_cache  # noqa: E402
 from sandbox.train import TrainingDiverged, build, resolve_device, train  # noqa: E402
 
 FINISHED = ("completed", "early_stopped")

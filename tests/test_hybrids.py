@@ -12,8 +12,7 @@ import torch
 
 from sandbox.mixers import MixerContext, build_mixer
 from sandbox.mixers.block_sparse import MoBAConfig, NSAConfig
-from sandbox.mixers.lte import LTEConfig, _ValueGate
-from sandbox.mixers.lte_cache import run_with_cache, use_cache
+from sandbox.mixers.lte import LTEConfig, _ValueGate, use_cache
 from sandbox.mixers.swa import SWAConfig, rope
 
 D, H = 16, 2

@@ -43,6 +43,7 @@ lives in ``lte_cache.py``; ``use_cache(model)`` switches LTE layers to it.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sandbox.mixers.base import MixerContext, register
+from sandbox.mixers.lte_cache import run_with_cache
 from sandbox.mixers.swa import HeadAttention, SWAConfig, attend, sink_window_mask
 
 KERNEL, DILATION, LAYERS = 3, 2, 3
@@ -135,7 +137,7 @@ class LearnableTokenEviction(HeadAttention):
         self.register_buffer("lam", torch.full((h,), cfg.lambda_init, dtype=torch.float32))
         self.register_buffer("count_ema", torch.zeros(h, dtype=torch.float32))
         self.register_buffer("lam_step", torch.zeros((), dtype=torch.int64))
-        self.inference_cache = False      # set by lte_cache.use_cache(model)
+        self.inference_cache = False      # set by use_cache(model)
         self._aux: torch.Tensor | None = None
 
     def retention(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -146,7 +148,6 @@ class LearnableTokenEviction(HeadAttention):
         self._aux = None
         q, k, v = self.project(x)
         if self.inference_cache and not self.training:
-            from sandbox.mixers.lte_cache import run_with_cache
             return self.finish(run_with_cache(self, q, k, v))
         b, t, _ = x.shape
         w, s = self.cfg.window, self.cfg.sinks
@@ -195,3 +196,17 @@ class LearnableTokenEviction(HeadAttention):
     def state_size(self, seq_len: int) -> int:
         """The inference cache: window + sinks + cap KV pairs per head."""
         return 2 * min(seq_len, self.cfg.window + self.cfg.sinks + self.cfg.cap) * self.ctx.d_model
+
+
+@contextmanager
+def use_cache(model):
+    """Within the block, LTE layers of ``model`` in eval mode run through the capped cache."""
+    layers = [m for m in model.modules() if isinstance(m, LearnableTokenEviction)]
+    before = [m.inference_cache for m in layers]
+    for m in layers:
+        m.inference_cache = True
+    try:
+        yield layers
+    finally:
+        for m, flag in zip(layers, before):
+            m.inference_cache = flag

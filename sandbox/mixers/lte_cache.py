@@ -18,15 +18,14 @@ RoPE for the CNN); keeping pre-RoPE keys and positions here gives the same atten
 Whenever no head's out-of-window retention exceeds ``cap``, the outputs equal the training mask
 (``tests/test_hybrids.py`` checks this); beyond it the cache is the paper's top-score policy.
 
-``run_with_cache`` is what an LTE layer calls in eval mode under ``use_cache(model)``; the
+``run_with_cache`` is what an LTE layer calls in eval mode under ``lte.use_cache(model)``; the
 other layers of a model still process the sequence in parallel, which for causal layers is the
-same as decoding token by token. ``evaluate_with_cache(model, task)`` scores a task that way;
-``sandbox lte-eval RUN_DIR [--set task.seq_len=8192]`` does it from the command line.
+same as decoding token by token. ``sandbox.analysis.lte_eval`` scores a task that way
+(``sandbox lte-eval RUN_DIR [--set task.seq_len=8192]``).
 """
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -130,90 +129,3 @@ def run_with_cache(mixer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
     outs = [cache.step(q[:, i], k[:, i], v[:, i]) for i in range(q.shape[1])]
     mixer.record("retained_count", cache.retained().float().mean(0))
     return torch.stack(outs, dim=2)
-
-
-@contextmanager
-def use_cache(model):
-    """Within the block, LTE layers of ``model`` in eval mode run through the capped cache."""
-    from sandbox.mixers.lte import LearnableTokenEviction
-    layers = [m for m in model.modules() if isinstance(m, LearnableTokenEviction)]
-    before = [m.inference_cache for m in layers]
-    for m in layers:
-        m.inference_cache = True
-    try:
-        yield layers
-    finally:
-        for m, flag in zip(layers, before):
-            m.inference_cache = flag
-
-
-def evaluate_with_cache(model, task, batch_size: int = 64) -> dict:
-    """Test accuracy/loss of ``model`` on ``task`` (any seq_len: the model has no learned
-    positions by default) with every LTE layer decoding through its capped cache."""
-    from sandbox.train import evaluate
-    was_training = model.training
-    with use_cache(model):
-        metrics = evaluate(model, task, batch_size, nullcontext)    # (evaluate ends in train mode)
-    model.train(was_training)
-    return metrics
-
-
-def cmd_lte_eval(args) -> int:
-    """``sandbox lte-eval RUN_DIR [--set task.seq_len=8192]``: accuracy with the training mask
-    (uncapped retention) and through the capped cache, plus retention per head of each LTE layer."""
-    from pathlib import Path
-
-    from sandbox.config import config_from_dict, parse_override, set_dotted
-    from sandbox.mixers.lte import LearnableTokenEviction
-    from sandbox.tasks import make_task
-    from sandbox.train import build, evaluate, resolve_device
-
-    ckpt_path = Path(args.run_dir) / "checkpoint.pt"
-    if not ckpt_path.is_file():
-        raise ValueError(f"run_dir: {args.run_dir} has no checkpoint.pt")
-    device = resolve_device(args.device)
-    ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
-    cfg = config_from_dict(ckpt["config"], str(ckpt_path))
-    _, model = build(cfg, device)
-    model.load_state_dict(ckpt["model"])
-    raw = dict(ckpt["config"])
-    raw["task"] = dict(raw["task"])
-    for item in args.set:
-        key, value = parse_override(item)
-        if not key.startswith("task."):
-            raise ValueError(f"--set: only task.* keys can change at evaluation, got {key}")
-        set_dotted(raw, key, value)
-    task = make_task(config_from_dict(raw, "--set").task.params, seed=cfg.seed, device=device)
-    layers = [m for m in model.modules() if isinstance(m, LearnableTokenEviction)]
-    if not layers:
-        raise ValueError(f"run_dir: {args.run_dir} has no lte layer")
-    model.eval()
-    masked = evaluate(model, task, args.batch_size, nullcontext)
-    x, _ = next(iter(task.test_batches(args.batch_size)))
-    for m in layers:
-        m.capture = {}
-    model.eval()
-    with torch.no_grad():
-        model(x)
-    kept = [m.capture["retained_count"].tolist() for m in layers]
-    capped = evaluate_with_cache(model, task, args.batch_size)
-    with use_cache(model), torch.no_grad():
-        model(x)
-    occupancy = [m.capture["retained_count"].tolist() for m in layers]
-    print(f"seq_len {task.seq_len}: accuracy {masked['test/accuracy']:.4f} with the training mask, "
-          f"{capped['test/accuracy']:.4f} through the capped cache")
-    for i, (a, b) in enumerate(zip(kept, occupancy)):
-        print(f"lte layer {i}: kept per head (uncapped) {[round(v, 1) for v in a]}; "
-              f"cache occupancy {[round(v, 1) for v in b]} (cap {layers[i].cfg.cap})")
-    return 0
-
-
-def add_cli(sub) -> None:
-    p = sub.add_parser("lte-eval", help="evaluate an LTE run through its capped inference cache "
-                                        "(optionally on longer sequences)")
-    p.add_argument("run_dir", help="a run directory written by `sandbox train` with lte layers")
-    p.add_argument("--set", action="append", default=[], metavar="task.KEY=VALUE",
-                   help="change the task, e.g. --set task.seq_len=8192 (repeatable)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N")
-    p.set_defaults(func=cmd_lte_eval)

@@ -1,0 +1,80 @@
+"""``sandbox lte-eval RUN_DIR``: a trained LTE model scored through its capped inference cache
+(``sandbox/mixers/lte_cache.py``), optionally on longer sequences than it was trained on."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+from sandbox.mixers.lte import LearnableTokenEviction, use_cache
+from sandbox.train import evaluate
+
+
+def evaluate_with_cache(model, task, batch_size: int = 64) -> dict:
+    """Test accuracy/loss of ``model`` on ``task`` (any seq_len: the model has no learned
+    positions by default) with every LTE layer decoding through its capped cache."""
+    was_training = model.training
+    with use_cache(model):
+        metrics = evaluate(model, task, batch_size, nullcontext)    # (evaluate ends in train mode)
+    model.train(was_training)
+    return metrics
+
+
+def cmd_lte_eval(args) -> int:
+    """``sandbox lte-eval RUN_DIR [--set task.seq_len=8192]``: accuracy with the training mask
+    (uncapped retention) and through the capped cache, plus retention per head of each LTE layer."""
+    from pathlib import Path
+
+    from sandbox.config import config_from_dict, parse_override, set_dotted
+    from sandbox.tasks import make_task
+    from sandbox.train import build, resolve_device
+
+    ckpt_path = Path(args.run_dir) / "checkpoint.pt"
+    if not ckpt_path.is_file():
+        raise ValueError(f"run_dir: {args.run_dir} has no checkpoint.pt")
+    device = resolve_device(args.device)
+    ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
+    cfg = config_from_dict(ckpt["config"], str(ckpt_path))
+    _, model = build(cfg, device)
+    model.load_state_dict(ckpt["model"])
+    raw = dict(ckpt["config"])
+    raw["task"] = dict(raw["task"])
+    for item in args.set:
+        key, value = parse_override(item)
+        if not key.startswith("task."):
+            raise ValueError(f"--set: only task.* keys can change at evaluation, got {key}")
+        set_dotted(raw, key, value)
+    task = make_task(config_from_dict(raw, "--set").task.params, seed=cfg.seed, device=device)
+    layers = [m for m in model.modules() if isinstance(m, LearnableTokenEviction)]
+    if not layers:
+        raise ValueError(f"run_dir: {args.run_dir} has no lte layer")
+    model.eval()
+    masked = evaluate(model, task, args.batch_size, nullcontext)
+    x, _ = next(iter(task.test_batches(args.batch_size)))
+    for m in layers:
+        m.capture = {}
+    model.eval()
+    with torch.no_grad():
+        model(x)
+    kept = [m.capture["retained_count"].tolist() for m in layers]
+    capped = evaluate_with_cache(model, task, args.batch_size)
+    with use_cache(model), torch.no_grad():
+        model(x)
+    occupancy = [m.capture["retained_count"].tolist() for m in layers]
+    print(f"seq_len {task.seq_len}: accuracy {masked['test/accuracy']:.4f} with the training mask, "
+          f"{capped['test/accuracy']:.4f} through the capped cache")
+    for i, (a, b) in enumerate(zip(kept, occupancy)):
+        print(f"lte layer {i}: kept per head (uncapped) {[round(v, 1) for v in a]}; "
+              f"cache occupancy {[round(v, 1) for v in b]} (cap {layers[i].cfg.cap})")
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("lte-eval", help="evaluate an LTE run through its capped inference cache "
+                                        "(optionally on longer sequences)")
+    p.add_argument("run_dir", help="a run directory written by `sandbox train` with lte layers")
+    p.add_argument("--set", action="append", default=[], metavar="task.KEY=VALUE",
+                   help="change the task, e.g. --set task.seq_len=8192 (repeatable)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N")
+    p.set_defaults(func=cmd_lte_eval)
