@@ -1,7 +1,7 @@
 """Looking at what a trained mixer learned, and at results across runs.
 
 metrics     pure functions on tensors (similarity, entropy, receptive field, usage, PCA, t-SNE)
-stats       Student t distribution, confidence intervals, Welch's test (no scipy)
+stats       t intervals and Welch's test (scipy.stats)
 capture     load a run directory and collect per-layer capture dicts on test batches
 plots       matplotlib (Agg) figures built from capture dicts
 report      ``sandbox inspect``: pictures + numbers -> RUN_DIR/inspect/ and TensorBoard
