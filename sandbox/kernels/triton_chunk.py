@@ -225,27 +225,119 @@ def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
     return o.view(B, T, H, V), ht, A, (gc, qg, kg), hs, geo
 
 
-class ChunkGLAFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, h0, scale, output_final_state, cu_seqlens):
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        g = g.contiguous() if g is not None else None
-        h0 = h0.contiguous() if h0 is not None else None
-        o, ht, A, (gc, qg, kg), hs, ctx.geo = _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens)
-        if g is None:
-            gc = qg = kg = None  # the same as q and k
-        ctx.save_for_backward(q, k, v, g, gc, qg, kg, h0, A, hs, cu_seqlens)
-        ctx.scale = scale
-        return o, ht
+# ----------------------------------------------------------------------------- torch custom ops
+# The kernels reach torch as two custom ops, so that torch.compile treats them as opaque calls (it
+# traces the model around them) and torch.func.vmap folds stacked model replicas into their batch.
+# The forward returns what the backward needs (custom ops save only inputs and outputs); tensors a
+# case does not use come back empty. Neither op may return an alias of an input.
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, gc, qg, kg, h0, A, hs, cu_seqlens = ctx.saved_tensors
-        need_dh0 = h0 is not None and ctx.needs_input_grad[4]
-        # ctx.geo: the forward's chunk table (building it again would cost a host sync)
-        dq, dk, dv, dg, dh0 = _bwd(q, k, v, g, gc, qg, kg, hs, ctx.scale, A, do.to(q.dtype).contiguous(),
-                                   dht.contiguous() if dht is not None else None, ctx.geo, need_dh0)
-        return dq, dk, dv, dg, dh0, None, None, None
+_FWD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor? h0, Tensor? cu_seqlens, float scale, "
+               "bool output_final_state) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+_BWD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor gc, Tensor qg, Tensor kg, Tensor hs, Tensor A, "
+               "Tensor do, Tensor? dht, Tensor? cu_seqlens, Tensor cidx, Tensor coff, float scale, bool need_dh0) "
+               "-> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+
+
+def _none(x):
+    return x if x is not None and x.numel() else None
+
+
+def _empty(like, dtype=None):
+    """A fresh empty tensor (every output of a custom op must be its own tensor)."""
+    return like.new_empty(0, dtype=dtype if dtype is not None else like.dtype)
+
+
+@torch.library.custom_op("sandbox::chunk_gla_fwd", mutates_args=(), schema=_FWD_SCHEMA)
+def _op_fwd(q, k, v, g, h0, cu_seqlens, scale, output_final_state):
+    """(o, final state, A, gc, qg, kg, chunk-start states, chunk table, first chunk of each segment)."""
+    o, ht, A, (gc, qg, kg), hs, geo = _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens)
+    varlen = cu_seqlens is not None
+    if g is None:                             # _fwd hands back q and k themselves
+        gc, qg, kg = _empty(q), _empty(q), _empty(q)
+    return (o, ht if ht is not None else _empty(q, torch.float32), A, gc, qg, kg, hs,
+            geo[7] if varlen else _empty(q, torch.int32), geo[10] if varlen else _empty(q, torch.int32))
+
+
+@_op_fwd.register_fake
+def _op_fwd_fake(q, k, v, g, h0, cu_seqlens, scale, output_final_state):
+    if cu_seqlens is not None:
+        raise NotImplementedError("chunk_gla: packed segments (cu_seqlens) cannot be traced (their chunk count "
+                                  "depends on the data)")
+    B, T, H, K = q.shape
+    V, NC = v.shape[-1], B * triton.cdiv(T, BT)
+    f32 = torch.float32
+    gated = g is not None
+    return (q.new_empty(B, T, H, V), q.new_empty(B, H, K, V, dtype=f32) if output_final_state else _empty(q, f32),
+            q.new_empty(B * T, H, BT, dtype=f32), g.new_empty(g.shape, dtype=f32) if gated else _empty(q),
+            torch.empty_like(q) if gated else _empty(q), torch.empty_like(k) if gated else _empty(q),
+            q.new_empty(NC, H, K, V, dtype=torch.bfloat16 if k.dtype == torch.bfloat16 else f32),
+            _empty(q, torch.int32), _empty(q, torch.int32))
+
+
+@torch.library.custom_op("sandbox::chunk_gla_bwd", mutates_args=(), schema=_BWD_SCHEMA)
+def _op_bwd(q, k, v, g, gc, qg, kg, hs, A, do, dht, cu_seqlens, cidx, coff, scale, need_dh0):
+    """(dq, dk, dv, dg, d initial state); dg and dh0 empty where there is no gate or no initial state."""
+    B, T, H, K = q.shape
+    varlen = cu_seqlens is not None
+    if varlen:   # the forward's chunk table: building it again would cost a host sync
+        geo = (B, T, H, K, v.shape[-1], cu_seqlens.numel() - 1, True, cidx, cidx.shape[0],
+               cu_seqlens.to(torch.int32).contiguous(), coff)
+    else:
+        geo = _geometry(q, v, None)
+    dq, dk, dv, dg, dh0 = _bwd(q, k, v, g, _none(gc), _none(qg), _none(kg), hs, scale, A, do, dht, geo, need_dh0)
+    return (dq, dk, dv, dg if dg is not None else _empty(q),
+            dh0 if dh0 is not None else _empty(q, torch.float32))
+
+
+@_op_bwd.register_fake
+def _op_bwd_fake(q, k, v, g, gc, qg, kg, hs, A, do, dht, cu_seqlens, cidx, coff, scale, need_dh0):
+    B, T, H, K = q.shape
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            torch.empty_like(g) if g is not None else _empty(q),
+            q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32) if need_dh0 else _empty(q, torch.float32))
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, g, h0, cu_seqlens, scale, _ = inputs
+    _, _, A, gc, qg, kg, hs, cidx, coff = output
+    ctx.save_for_backward(q, k, v, g, gc, qg, kg, hs, A, h0, cu_seqlens, cidx, coff)
+    ctx.scale = scale
+
+
+def _backward(ctx, do, dht, *_unused):
+    q, k, v, g, gc, qg, kg, hs, A, h0, cu_seqlens, cidx, coff = ctx.saved_tensors
+    need_dh0 = h0 is not None and ctx.needs_input_grad[4]
+    dht = dht.contiguous() if _none(dht) is not None else None      # an unused final state comes back empty
+    dq, dk, dv, dg, dh0 = torch.ops.sandbox.chunk_gla_bwd(q, k, v, g, gc, qg, kg, hs, A, do.to(q.dtype).contiguous(),
+                                                          dht, cu_seqlens, cidx, coff, ctx.scale, need_dh0)
+    return dq, dk, dv, dg if g is not None else None, dh0 if need_dh0 else None, None, None, None
+
+
+_op_fwd.register_autograd(_backward, setup_context=_setup)
+
+
+@_op_fwd.register_vmap
+def _op_fwd_vmap(info, in_dims, q, k, v, g, h0, cu_seqlens, scale, output_final_state):
+    """Stacked replicas [R, B, ...] run as one batch of R * B sequences."""
+    if cu_seqlens is not None or in_dims[5] is not None:
+        raise NotImplementedError("chunk_gla: vmap over packed segments (cu_seqlens) is not supported")
+    R = info.batch_size
+
+    def fold(x, d):
+        if x is None:
+            return None
+        x = x.movedim(d, 0) if d is not None else x.expand(R, *x.shape)
+        return x.reshape(R * x.shape[1], *x.shape[2:])
+
+    q, k, v, g, h0 = (fold(x, d) for x, d in zip((q, k, v, g, h0), in_dims[:5]))
+    out = torch.ops.sandbox.chunk_gla_fwd(q.contiguous(), k.contiguous(), v.contiguous(),
+                                          g.contiguous() if g is not None else None,
+                                          h0.contiguous() if h0 is not None else None, None, scale, output_final_state)
+    o, ht = out[0], out[1]
+    o = o.view(R, -1, *o.shape[1:])
+    ht = ht.view(R, -1, *ht.shape[1:]) if output_final_state else ht
+    # the intermediates only feed the backward recorded for the folded call: hand them out unbatched
+    return (o, ht, *out[2:]), (0, 0 if output_final_state else None) + (None,) * 7
 
 
 def chunk_gla(q, k, v, g=None, *, scale=1.0, initial_state=None, output_final_state=False, cu_seqlens=None):
@@ -273,4 +365,8 @@ def chunk_gla(q, k, v, g=None, *, scale=1.0, initial_state=None, output_final_st
         raise ValueError(f"initial_state: shape {tuple(initial_state.shape)} must be {(N, H, K, v.shape[-1])}")
     if initial_state is not None and initial_state.dtype != torch.float32:
         initial_state = initial_state.float()
-    return ChunkGLAFunction.apply(q, k, v, g, initial_state, float(scale), bool(output_final_state), cu_seqlens)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    g = g.contiguous() if g is not None else None
+    o, ht = torch.ops.sandbox.chunk_gla_fwd(q, k, v, g, initial_state, cu_seqlens, float(scale),
+                                            bool(output_final_state))[:2]
+    return o, ht if output_final_state else None

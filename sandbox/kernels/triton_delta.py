@@ -134,53 +134,114 @@ def _operand_dtype(x: torch.Tensor, K: int) -> torch.dtype:
     return torch.float32 if K <= 128 else torch.bfloat16
 
 
-class DeltaScan(torch.autograd.Function):
-    """Sequential chunk scan: (q_g, k_l, W, U, A_qk, e_l, h0) -> (o, final state); tensors in chunk layout
-    [NC, H, C, *] float32, chunks of sequence n at co[n]:co[n+1]."""
+# The sequential chunk scan reaches torch as two custom ops (opaque to torch.compile; torch.func.vmap folds
+# stacked model replicas into its chunks): (q_g, k_l, W, U, A_qk, e_l, h0) -> (o, final state), tensors in
+# chunk layout [NC, H, C, *], chunks of sequence n at co[n]:co[n+1]. The forward also returns the states
+# at chunk starts and the corrected values, which the backward needs.
 
-    @staticmethod
-    def forward(ctx, qg, kl, w, u, aqk, el, h0, co, N, output_final_state):
-        NC, H, _, K = qg.shape
-        V = u.shape[-1]
-        BK, BV = _blocks(K, V)
-        dev = qg.device
-        hs = torch.empty(NC, H, K, V, device=dev, dtype=torch.float32)
-        vn = torch.empty(NC, H, C, V, device=dev, dtype=torch.float32)
-        o = torch.empty(NC, H, C, V, device=dev, dtype=torch.float32)
-        ht = torch.empty(N, H, K, V, device=dev, dtype=torch.float32) if output_final_state else None
-        _delta_fwd[(triton.cdiv(V, BV), N * H)](qg, kl, w, u, aqk, el, h0 if h0 is not None else qg, hs, vn, o,
-                                                ht if ht is not None else qg, co, H, K=K, V=V,
-                                                HAS_H0=h0 is not None, STORE_HT=output_final_state, C=C,
-                                                BK=BK, BV=BV, num_warps=8, num_stages=1)
-        ctx.save_for_backward(qg, kl, w, aqk, el, hs, vn, co, h0)
-        ctx.N = N
-        return o, ht
+@torch.library.custom_op("sandbox::delta_scan_fwd", mutates_args=(),
+                         schema="(Tensor qg, Tensor kl, Tensor w, Tensor u, Tensor aqk, Tensor el, Tensor? h0, "
+                                "Tensor co, int N, bool output_final_state) -> (Tensor, Tensor, Tensor, Tensor)")
+def _scan_fwd(qg, kl, w, u, aqk, el, h0, co, N, output_final_state):
+    NC, H, _, K = qg.shape
+    V = u.shape[-1]
+    BK, BV = _blocks(K, V)
+    dev = qg.device
+    hs = torch.empty(NC, H, K, V, device=dev, dtype=torch.float32)
+    vn = torch.empty(NC, H, C, V, device=dev, dtype=torch.float32)
+    o = torch.empty(NC, H, C, V, device=dev, dtype=torch.float32)
+    ht = torch.empty(N if output_final_state else 0, H, K, V, device=dev, dtype=torch.float32)
+    _delta_fwd[(triton.cdiv(V, BV), N * H)](qg, kl, w, u, aqk, el, h0 if h0 is not None else qg, hs, vn, o,
+                                            ht if output_final_state else qg, co, H, K=K, V=V,
+                                            HAS_H0=h0 is not None, STORE_HT=output_final_state, C=C,
+                                            BK=BK, BV=BV, num_warps=8, num_stages=1)
+    return o, ht, hs, vn
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        qg, kl, w, aqk, el, hs, vn, co, h0 = ctx.saved_tensors
-        NC, H, _, K = qg.shape
-        V = vn.shape[-1]
-        N = ctx.N
-        BK, BV = _blocks(K, V)
-        NV = triton.cdiv(V, BV)
-        dev = qg.device
-        f32 = torch.float32
-        dvn = torch.empty(NC, H, C, V, device=dev, dtype=f32)
-        dqg = torch.empty(NV, NC, H, C, K, device=dev, dtype=f32)
-        dkl = torch.empty(NV, NC, H, C, K, device=dev, dtype=f32)
-        dw = torch.empty(NV, NC, H, C, K, device=dev, dtype=f32)
-        daqk = torch.empty(NV, NC, H, C, C, device=dev, dtype=f32)
-        de = torch.empty(NV, NC, H, device=dev, dtype=f32)
-        need_dh0 = h0 is not None and ctx.needs_input_grad[6]
-        dh0 = torch.empty(N, H, K, V, device=dev, dtype=f32) if need_dh0 else None
-        _delta_bwd[(NV, N * H)](qg, kl, w, aqk, el, hs, vn, do.contiguous(),
-                                dht.contiguous() if dht is not None else qg, dh0 if dh0 is not None else qg,
-                                dvn, dqg, dkl, dw, daqk, de, co, H, NC, K=K, V=V, HAS_DHT=dht is not None,
-                                STORE_DH0=need_dh0, C=C, BK=BK, BV=BV, num_warps=8, num_stages=1)
-        dt = qg.dtype
-        return (dqg.sum(0).to(dt), dkl.sum(0).to(dt), dw.sum(0).to(dt), dvn.to(dt), daqk.sum(0).to(dt), de.sum(0),
-                dh0, None, None, None)
+
+@_scan_fwd.register_fake
+def _scan_fwd_fake(qg, kl, w, u, aqk, el, h0, co, N, output_final_state):
+    NC, H, _, K = qg.shape
+    V = u.shape[-1]
+    f32 = torch.float32
+    return (qg.new_empty(NC, H, C, V, dtype=f32), qg.new_empty(N if output_final_state else 0, H, K, V, dtype=f32),
+            qg.new_empty(NC, H, K, V, dtype=f32), qg.new_empty(NC, H, C, V, dtype=f32))
+
+
+@torch.library.custom_op("sandbox::delta_scan_bwd", mutates_args=(),
+                         schema="(Tensor qg, Tensor kl, Tensor w, Tensor aqk, Tensor el, Tensor hs, Tensor vn, "
+                                "Tensor do, Tensor? dht, Tensor co, int N, bool need_dh0) "
+                                "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+def _scan_bwd(qg, kl, w, aqk, el, hs, vn, do, dht, co, N, need_dh0):
+    """(d q_g, d k_l, d W, d U, d A_qk, d e_l, d h0 or empty)."""
+    NC, H, _, K = qg.shape
+    V = vn.shape[-1]
+    BK, BV = _blocks(K, V)
+    NV = triton.cdiv(V, BV)
+    dev = qg.device
+    f32 = torch.float32
+    dvn = torch.empty(NC, H, C, V, device=dev, dtype=f32)
+    dqg = torch.empty(NV, NC, H, C, K, device=dev, dtype=f32)
+    dkl = torch.empty(NV, NC, H, C, K, device=dev, dtype=f32)
+    dw = torch.empty(NV, NC, H, C, K, device=dev, dtype=f32)
+    daqk = torch.empty(NV, NC, H, C, C, device=dev, dtype=f32)
+    de = torch.empty(NV, NC, H, device=dev, dtype=f32)
+    dh0 = torch.empty(N if need_dh0 else 0, H, K, V, device=dev, dtype=f32)
+    _delta_bwd[(NV, N * H)](qg, kl, w, aqk, el, hs, vn, do.contiguous(),
+                            dht.contiguous() if dht is not None else qg, dh0 if need_dh0 else qg,
+                            dvn, dqg, dkl, dw, daqk, de, co, H, NC, K=K, V=V, HAS_DHT=dht is not None,
+                            STORE_DH0=need_dh0, C=C, BK=BK, BV=BV, num_warps=8, num_stages=1)
+    dt = qg.dtype
+    return dqg.sum(0).to(dt), dkl.sum(0).to(dt), dw.sum(0).to(dt), dvn.to(dt), daqk.sum(0).to(dt), de.sum(0), dh0
+
+
+@_scan_bwd.register_fake
+def _scan_bwd_fake(qg, kl, w, aqk, el, hs, vn, do, dht, co, N, need_dh0):
+    NC, H, _, K = qg.shape
+    V = vn.shape[-1]
+    return (torch.empty_like(qg), torch.empty_like(kl), torch.empty_like(w), qg.new_empty(NC, H, C, V),
+            torch.empty_like(aqk), el.new_empty(NC, H), qg.new_empty(N if need_dh0 else 0, H, K, V,
+                                                                      dtype=torch.float32))
+
+
+def _scan_setup(ctx, inputs, output):
+    qg, kl, w, u, aqk, el, h0, co, N, _ = inputs
+    _, _, hs, vn = output
+    ctx.save_for_backward(qg, kl, w, aqk, el, hs, vn, co, h0)
+    ctx.N = N
+
+
+def _scan_backward(ctx, do, dht, *_unused):
+    qg, kl, w, aqk, el, hs, vn, co, h0 = ctx.saved_tensors
+    need_dh0 = h0 is not None and ctx.needs_input_grad[6]
+    dht = dht if dht is not None and dht.numel() else None
+    dqg, dkl, dw, du, daqk, de, dh0 = torch.ops.sandbox.delta_scan_bwd(qg, kl, w, aqk, el, hs, vn, do, dht, co,
+                                                                       ctx.N, need_dh0)
+    return dqg, dkl, dw, du, daqk, de, dh0 if need_dh0 else None, None, None, None
+
+
+_scan_fwd.register_autograd(_scan_backward, setup_context=_scan_setup)
+
+
+@_scan_fwd.register_vmap
+def _scan_fwd_vmap(info, in_dims, qg, kl, w, u, aqk, el, h0, co, N, output_final_state):
+    """Stacked replicas: R scans of N sequences run as one scan of R * N (the chunk offsets repeat)."""
+    if in_dims[7] is not None:
+        raise NotImplementedError("delta scan: vmap over the chunk offsets is not supported")
+    R = info.batch_size
+
+    def fold(x, d):
+        if x is None:
+            return None
+        x = x.movedim(d, 0) if d is not None else x.expand(R, *x.shape)
+        return x.reshape(R * x.shape[1], *x.shape[2:]).contiguous()
+
+    qg, kl, w, u, aqk, el, h0 = (fold(x, d) for x, d in zip((qg, kl, w, u, aqk, el, h0), in_dims[:7]))
+    NC = qg.shape[0] // R
+    starts = (co[:-1][None, :] + NC * torch.arange(R, device=co.device, dtype=co.dtype)[:, None]).reshape(-1)
+    co = torch.cat([starts, co.new_full((1,), R * NC)])
+    o, ht, hs, vn = torch.ops.sandbox.delta_scan_fwd(qg, kl, w, u, aqk, el, h0, co, R * N, output_final_state)
+    ht = ht.view(R, N, *ht.shape[1:]) if output_final_state else ht[:0]
+    return (o.view(R, NC, *o.shape[1:]), ht, hs, vn), (0, 0 if output_final_state else None, None, None)
 
 
 def _layout(B, T, cu_seqlens, device):
@@ -263,11 +324,11 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=1.0, initial_state=None, ou
     qg = (qc * eg if eg is not None else qc) * scale
     h0 = initial_state.to(f32).contiguous() if initial_state is not None else None
     dt = _operand_dtype(q, K)
-    o, ht = DeltaScan.apply(*(x.to(dt).contiguous() for x in (qg, kl, w, u, aqk)), el.contiguous(), h0, co, N,
-                            bool(output_final_state))
+    o, ht = torch.ops.sandbox.delta_scan_fwd(*(x.to(dt).contiguous() for x in (qg, kl, w, u, aqk)),
+                                             el.contiguous(), h0, co, N, bool(output_final_state))[:2]
     # back to [B, T, H, V]: position of each time row in the chunk layout (padding rows all land
     # on a spare slot TT: a scatter with fixed shapes, no host sync, so a CUDA graph can hold it)
     pos = torch.empty(TT + 1, dtype=torch.long, device=q.device)
     pos.scatter_(0, torch.where(valid, idx, TT).reshape(-1), torch.arange(NC * C, device=q.device))
     o = o.permute(0, 2, 1, 3).reshape(NC * C, H, V)[pos[:TT]]
-    return o.view(B, T, H, V).to(v.dtype), ht
+    return o.view(B, T, H, V).to(v.dtype), ht if output_final_state else None

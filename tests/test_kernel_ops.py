@@ -1,0 +1,91 @@
+"""The Triton kernels as torch custom ops (run through TRITON_INTERPRET=1 on the CPU).
+
+``torch.library.opcheck`` checks each registration (schema, fake tensors for torch.compile, autograd);
+``vmap`` over stacked replicas must equal one call per replica, outputs and gradients."""
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before the kernel modules are imported (their @triton.jit reads it)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+pytest.importorskip("triton")
+
+from sandbox.kernels.triton_chunk import chunk_gla  # noqa: E402
+import sandbox.kernels.triton_delta as td  # noqa: E402
+from sandbox.kernels.triton_delta import chunk_delta_rule  # noqa: E402
+
+
+def _qkv(R, B, T, H, K, V, seed=0):
+    g_ = torch.Generator().manual_seed(seed)
+    q = torch.randn(R, B, T, H, K, generator=g_)
+    k = F.normalize(torch.randn(R, B, T, H, K, generator=g_), dim=-1)
+    v = torch.randn(R, B, T, H, V, generator=g_)
+    return q, k, v, g_
+
+
+def test_chunk_gla_ops_pass_opcheck():
+    q, k, v, g_ = _qkv(1, 1, 40, 1, 16, 16)
+    g = F.logsigmoid(torch.randn(1, 40, 1, 16, generator=g_)) / 4
+    h0 = torch.randn(1, 1, 16, 16, generator=g_)
+    args = (q[0].requires_grad_(), k[0].requires_grad_(), v[0].requires_grad_(), g.requires_grad_(), h0, None,
+            0.5, True)
+    torch.library.opcheck(torch.ops.sandbox.chunk_gla_fwd.default, args,
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+def test_delta_scan_op_passes_opcheck():
+    N, nt, H, K, V = 2, 2, 1, 16, 16                  # two sequences of two chunks each
+    NC, C = N * nt, td.C
+    g_ = torch.Generator().manual_seed(0)
+
+    def r(*shape, s=1.0):
+        return (s * torch.randn(*shape, generator=g_)).requires_grad_()
+
+    tri = torch.ones(C, C).tril()
+    args = (r(NC, H, C, K), r(NC, H, C, K, s=0.2), r(NC, H, C, K, s=0.2), r(NC, H, C, V),
+            (0.1 * torch.randn(NC, H, C, C, generator=g_) * tri).requires_grad_(),
+            torch.rand(NC, H, generator=g_).requires_grad_(), r(N, H, K, V),
+            torch.arange(N + 1, dtype=torch.int32) * nt, N, True)
+    torch.library.opcheck(torch.ops.sandbox.delta_scan_fwd.default, args,
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+@pytest.mark.parametrize("gate", ["diag", "scalar", "none"])
+def test_vmap_over_replicas_equals_one_call_each(gate):
+    R, B, T, H, K, V = 3, 2, 37, 2, 16, 32
+    q, k, v, g_ = _qkv(R, B, T, H, K, V)
+    g = {"diag": F.logsigmoid(torch.randn(R, B, T, H, K, generator=g_)) / 8,
+         "scalar": F.logsigmoid(torch.randn(R, B, T, H, generator=g_)), "none": None}[gate]
+    do = torch.randn(R, B, T, H, V, generator=g_)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v) + ((g,) if g is not None else ())]
+    o = torch.func.vmap(lambda q, k, v, *g: chunk_gla(q, k, v, g[0] if g else None, scale=0.25)[0])(*leaves)
+    (o * do).sum().backward()
+    for r in range(R):
+        one = [x[r].clone().requires_grad_() for x in (q, k, v) + ((g,) if g is not None else ())]
+        o_r = chunk_gla(*one[:3], one[3] if g is not None else None, scale=0.25)[0]
+        (o_r * do[r]).sum().backward()
+        torch.testing.assert_close(o[r], o_r, atol=1e-5, rtol=1e-5)
+        for a, b in zip(leaves, one):
+            torch.testing.assert_close(a.grad[r], b.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_vmap_of_the_delta_rule_equals_one_call_each():
+    R, B, T, H, K, V = 2, 2, 37, 1, 16, 16
+    q, k, v, g_ = _qkv(R, B, T, H, K, V)
+    beta = torch.rand(R, B, T, H, generator=g_)
+    g = F.logsigmoid(torch.randn(R, B, T, H, generator=g_))
+    do = torch.randn(R, B, T, H, V, generator=g_)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, beta, g)]
+    o, ht = torch.func.vmap(lambda *a: chunk_delta_rule(*a[:4], a[4], output_final_state=True))(*leaves)
+    assert ht.shape == (R, B, H, K, V)
+    ((o * do).sum() + ht.sum()).backward()
+    for r in range(R):
+        one = [x[r].clone().requires_grad_() for x in (q, k, v, beta, g)]
+        o_r, ht_r = chunk_delta_rule(*one[:4], one[4], output_final_state=True)
+        ((o_r * do[r]).sum() + ht_r.sum()).backward()
+        torch.testing.assert_close(o[r], o_r, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ht[r], ht_r, atol=1e-5, rtol=1e-5)
+        for a, b in zip(leaves, one):
+            torch.testing.assert_close(a.grad[r], b.grad, atol=1e-5, rtol=1e-5)
