@@ -75,11 +75,15 @@ def test_blocks_of_batches_equal_batches_one_by_one(kw):
     single = [task.sample(6, "train", i) for i in range(2, 13)]
     x, y = task.sample(6, "train", 2, count=11)
     assert torch.equal(x, torch.cat([s[0] for s in single])) and torch.equal(y, torch.cat([s[1] for s in single]))
-    batches = TrainBatches(task, 6, max_ahead=4)
-    assert batches.ahead == 4
+    task.rows_per_call = 12                           # two steps per generator call
+    batches = TrainBatches(task, 6, max_bytes=4 * 2 * 4 * 6 * kw["seq_len"])
+    assert batches.span == 4                          # the pool holds four steps
     for step in [2, 3, 4, 5, 6, 3, 12, 7, 8]:          # forward, back (a resume), skip ahead
         got = batches[step]
+        assert got[0].dtype == got[1].dtype == torch.int64
         assert torch.equal(got[0], single[step - 2][0]) and torch.equal(got[1], single[step - 2][1])
+    whole = TrainBatches(task, 6, steps=20)
+    assert whole.span == 20 and torch.equal(whole[12][0], single[10][0])
     if kw["seq_len"] == 8:
         assert (y == -100).all(1).sum() > 5
 

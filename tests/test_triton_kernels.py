@@ -272,3 +272,17 @@ def test_bench_check_refuses_wrong_or_nan_kernels():
     assert check_recurrence(scaled(1.0), inp, 0.5, 1e-5)["ok"]
     assert not check_recurrence(scaled(1.01), inp, 0.5, 1e-3)["ok"]
     assert not check_recurrence(scaled(float("nan")), inp, 0.5, 1e-3)["ok"]
+
+
+def test_uniform_table_kernel_gives_the_torch_bits():
+    """The task generator's Triton table of uniforms (used on GPUs) equals the torch form bit for bit."""
+    from sandbox.tasks.rng import derive, row_key, uniform_torch
+    from sandbox.tasks.rng_triton import uniform_triton
+
+    ids = torch.arange(37, dtype=torch.int64) * 1000003 + 2 ** 33      # ids past 32 bits too
+    base = row_key(ids, 5, 1)
+    a, b = derive(base, 11), derive(base, 111)
+    pos = torch.arange(300)
+    want = uniform_torch(a, b, pos)
+    assert torch.equal(uniform_triton(a, b, pos), want)
+    assert 0 < want.min() and want.max() < 1 and want.unique().numel() == want.numel()

@@ -8,30 +8,51 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from sandbox.tasks.mqar import MQAR, MQARConfig
 
 TASKS = {"mqar": (MQAR, MQARConfig)}
 
 
 class TrainBatches:
-    """Training batch of each step, generated several steps at a time.
+    """The training batch of each step, drawn ahead into a pool on the task's device.
 
-    ``batches[step]`` equals ``task.sample(batch_size, "train", step)`` bit for bit; a block
-    of up to 16 steps comes from one ``sample(..., count=n)`` call, so a GPU run pays the
-    generator's ~300 kernel launches once per block instead of once per step.
+    ``batches[step]`` equals ``task.sample(batch_size, "train", step)`` bit for bit. The pool holds
+    the batches of consecutive steps (as int32): every step of the run when they fit in
+    ``max_bytes``, else spans of that size, each drawn when the run reaches it, in generator calls
+    of ``task.rows_per_call`` rows. A step then only slices the pool: on a GPU the generator's
+    launches and passes are paid once per span, not per step.
     """
 
-    def __init__(self, task, batch_size: int, max_ahead: int = 16):
+    def __init__(self, task, batch_size: int, steps: int | None = None, max_bytes: int = 1 << 30):
         self.task, self.batch_size = task, batch_size
-        self.ahead = max(1, min(max_ahead, getattr(task, "rows_per_call", batch_size) // batch_size))
-        self.first, self.block = None, None
+        per_step = 2 * 4 * batch_size * task.seq_len
+        self.span = max(1, max_bytes // per_step)
+        if steps is not None:
+            self.span = min(self.span, steps)
+        self.first = None
+        self.x = self.y = None
 
     def __getitem__(self, step: int):
+        if self.first is None or not self.first <= step < self.first + self.span:
+            self._draw(step)
         B = self.batch_size
-        if self.first is None or not self.first <= step < self.first + self.ahead:
-            self.first, self.block = step, self.task.sample(B, "train", step, count=self.ahead)
         i = (step - self.first) * B
-        return tuple(t[i:i + B] for t in self.block)
+        return self.x[i:i + B].long(), self.y[i:i + B].long()
+
+    def _draw(self, first: int) -> None:
+        B, T = self.batch_size, self.task.seq_len
+        if self.x is None:
+            self.x = torch.empty(self.span * B, T, dtype=torch.int32, device=self.task.device)
+            self.y = torch.empty_like(self.x)
+        per_call = max(1, getattr(self.task, "rows_per_call", B) // B)       # steps per generator call
+        for s in range(0, self.span, per_call):
+            n = min(per_call, self.span - s)
+            x, y = self.task.sample(B, "train", first + s, count=n)
+            self.x[s * B:(s + n) * B] = x
+            self.y[s * B:(s + n) * B] = y
+        self.first = first
 
 
 def task_config_class(name: str):

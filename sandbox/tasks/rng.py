@@ -5,10 +5,12 @@ bits for the same (seed, split, index) on any device, so every random number her
 hash of its coordinates, computed with 32-bit mixing inside int64 arithmetic that is
 exact everywhere.
 
-Cost matters: a training step samples a fresh batch on the GPU, and each int64 op is a
-kernel launch plus a pass over memory. So scalar coordinates (seed, split, stream) are
-hashed in Python, the example id once per row (``row_key``, shape ``[B, 1]``), the
-position once per column, and each element costs one mix of the two.
+Cost matters: the tasks draw thousands of uniforms per example (the smallest of them pick the
+keys), and in torch each int64 op is a kernel launch plus a pass over memory. So scalar
+coordinates (seed, split, stream) are hashed in Python, the example id once per row
+(``row_key``, shape ``[B, 1]``), the position once per column, and on a GPU the table of
+uniforms is one Triton kernel (``rng_triton.py``: the same integer arithmetic, so the same
+bits) instead of some thirty passes.
 """
 from __future__ import annotations
 
@@ -54,7 +56,15 @@ def bits32(row: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 
 
 def uniform(row_a: torch.Tensor, row_b: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """float64 uniforms in (0, 1) with 52 random bits from two independent row keys."""
+    """float64 uniforms in (0, 1) with 52 random bits from two independent row keys: ``[B, n]`` for
+    row keys ``[B, 1]`` and positions ``[n]``."""
+    if row_a.is_cuda:
+        from sandbox.tasks.rng_triton import uniform_triton
+        return uniform_triton(row_a, row_b, pos)
+    return uniform_torch(row_a, row_b, pos)
+
+
+def uniform_torch(row_a, row_b, pos):
     a = bits32(row_a, pos) >> 6          # 26 bits
     b = bits32(row_b, pos) >> 6          # 26 bits
     return ((a << 26 | b).to(torch.float64) + 0.5) / float(2 ** 52)
