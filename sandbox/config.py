@@ -62,9 +62,12 @@ class TrainConfig:
     early_stop: float | None = 0.99           # stop once test accuracy reaches this; null = never
     log_every: int = 25
     device: str = "auto"                      # auto | cpu | cuda | cuda:N
-    precision: Literal["auto", "fp32", "bf16"] = "auto"   # auto = bf16 autocast on CUDA
+    precision: Literal["auto", "fp32", "bf16", "fp64"] = "auto"   # auto = bf16 autocast on CUDA; fp64: references
     # replay forward+backward as a CUDA graph; auto = on CUDA when every mixer is graph_safe()
     cuda_graph: bool | Literal["auto"] = "auto"
+    # torch.compile the forward and backward (fuses norms, residuals, SwiGLU, gate arithmetic);
+    # auto = on CUDA when every mixer is graph_safe()
+    compile: bool | Literal["auto"] = "auto"
 
 
 @dataclass

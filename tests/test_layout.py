@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "sandbox"
 LAYERS = [("sandbox.tasks", "sandbox.kernels"), ("sandbox.mixers",), ("sandbox.config", "sandbox.model"),
-          ("sandbox.train", "sandbox.graph_step"), ("sandbox.sweep", "sandbox.analysis", "sandbox.bench"),
+          ("sandbox.train",), ("sandbox.sweep", "sandbox.analysis", "sandbox.bench"),
           ("sandbox.cli",)]
 
 

@@ -51,8 +51,8 @@ class Mixer(nn.Module):
 
     def graph_safe(self) -> bool:
         """Whether forward and backward keep static shapes and never wait on the host, so a
-        training step can be captured as a CUDA graph (``sandbox/graph_step.py``). Off unless a
-        mixer has been checked."""
+        training step can be captured as a CUDA graph and its replicas stacked
+        (``sandbox/train/step.py``). Off unless a mixer has been checked."""
         return False
 
     def state_size(self, seq_len: int) -> int:

@@ -1,10 +1,13 @@
-"""One training run: AdamW + warmup/cosine, bf16 autocast on CUDA, periodic test
-accuracy, early stop, resumable checkpoint, TensorBoard scalars + hparams,
-a rich progress bar and ``result.json``.
+"""The run loop: AdamW + warm-up/cosine, bf16 autocast on CUDA, periodic test accuracy, early
+stop, resumable checkpoints, TensorBoard scalars + hparams, a rich progress bar and
+``result.json`` - for one run, or for several runs that train as one stacked model.
 
-The hot loop never synchronises with the device except every ``log_every`` steps
-(one ``.item()`` for the running loss, which is also where NaN is caught) and at
-evaluations.
+``train(cfg, out)`` is one run. ``train_replicas(cfgs, outs)`` trains runs whose configs differ
+only in ``train.lr`` and ``seed`` together (``step.py``): each keeps its own directory,
+checkpoint, TensorBoard events, early stop and result, exactly as if it had run alone.
+
+The hot loop never synchronises with the device except every ``log_every`` steps (one read of
+the running losses, which is also where a non-finite loss is caught) and at evaluations.
 """
 from __future__ import annotations
 
@@ -20,9 +23,11 @@ import torch
 import torch.nn.functional as F
 
 from sandbox.config import RunConfig, flatten, to_dict
-from sandbox.graph_step import GraphedStep, graph_safe
 from sandbox.model import LanguageModel
 from sandbox.tasks import TrainBatches, make_task
+from sandbox.train.step import Step, graph_safe, scored_positions
+
+DONE = ("completed", "early_stopped")          # a rerun of such a directory returns its result
 
 
 class TrainingDiverged(RuntimeError):
@@ -62,25 +67,20 @@ def use_cuda_graph(setting, device: torch.device, model) -> bool:
     return bool(setting)
 
 
-def lr_lambda(steps: int, warmup_frac: float) -> Callable[[int], float]:
-    warmup = int(warmup_frac * steps)
-
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, steps - warmup)
-        return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-    return f
+def use_compile(setting, device: torch.device, model) -> bool:
+    """``train.compile``: auto = on CUDA when every mixer is graph-safe (static shapes); true insists."""
+    if setting == "auto":
+        return device.type == "cuda" and graph_safe(model)
+    return bool(setting)
 
 
-def scored_positions(targets: torch.Tensor, per_row: int | None):
-    """``(positions [B, P], targets [B, P])`` covering every scored target when a row has at most
-    ``per_row`` of them (``None``: all positions). Fixed shapes, so no host sync."""
-    if per_row is None or per_row >= targets.shape[1]:
-        return None, targets
-    pos = torch.topk((targets != -100).to(torch.float16), per_row, dim=1, sorted=False).indices
-    return pos, targets.gather(1, pos)
+def stack_key(cfg: RunConfig) -> str:
+    """Runs with equal keys may train as replicas of one stacked model (they differ in lr, seed, name)."""
+    d = to_dict(cfg)
+    d.pop("seed", None)
+    d.pop("name", None)
+    d["train"] = {k: v for k, v in d["train"].items() if k != "lr"}
+    return json.dumps(d, sort_keys=True, default=str)
 
 
 @torch.no_grad()
@@ -116,10 +116,76 @@ def _hparams(cfg: RunConfig) -> dict:
     return out
 
 
-def _progress(enabled: bool, total: int, title: str):
+def _progress(enabled: bool, title: str):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     return Progress(TextColumn(f"[bold]{title}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                     TextColumn("{task.fields[info]}"), disable=not enabled, transient=False)
+
+
+class _Run:
+    """One replica's bookkeeping: its directory, TensorBoard writer, state, checkpoint and result."""
+
+    def __init__(self, cfg: RunConfig, out: Path, task, model, t_start: float):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.cfg, self.out, self.task, self.model, self.t_start = cfg, out, task, model, t_start
+        self.config = to_dict(cfg)
+        self.state = {"step": 0, "best_accuracy": 0.0, "best_step": 0, "accuracy": None, "train_time": 0.0,
+                      "history": []}
+        self.status, self.error = "running", None
+        self.ckpt = out / "checkpoint.pt"
+        self.writer = SummaryWriter(log_dir=str(out))
+        self.params, self.state_size = model.num_params(), model.state_size(task.seq_len)
+
+    def load(self, opt, device) -> None:
+        if not self.ckpt.exists():
+            from torch.utils.tensorboard.summary import hparams as hparams_summary
+            # hparams in the run's own folder (add_hparams would create a sub-run)
+            for s in hparams_summary(_hparams(self.cfg), {"test/accuracy": 0.0, "test/best_accuracy": 0.0}):
+                self.writer.file_writer.add_summary(s)
+            return
+        ckpt = torch.load(self.ckpt, map_location=device, weights_only=False)
+        if ckpt["config"] != self.config:
+            raise ValueError(f"{self.out}: holds a checkpoint of a different config; choose another --out")
+        self.model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        self.state = ckpt["state"]
+
+    def save(self, opt) -> None:
+        torch.save({"model": self.model.state_dict(), "optimizer": opt.state_dict(), "state": self.state,
+                    "config": self.config}, self.ckpt)
+
+    def result(self, replicas: int = 1) -> dict:
+        s = self.state
+        return {"status": self.status, "error": self.error, "config": self.config,
+                "final_accuracy": s["accuracy"], "best_accuracy": s["best_accuracy"], "best_step": s["best_step"],
+                "steps": s["step"], "wall_time_s": round(time.perf_counter() - self.t_start, 3),
+                "train_time_s": round(s["train_time"], 3),
+                "steps_per_sec": round(s["step"] / s["train_time"], 2) if s["train_time"] else None,
+                "replicas": replicas, "params": self.params, "state_size": self.state_size,
+                "device": str(self.task.device), "history": s["history"]}
+
+    def finish(self, status: str, error: str | None = None, replicas: int = 1) -> dict:
+        self.status, self.error = status, error
+        res = self.result(replicas)
+        _write_json(self.out / "result.json", res)
+        if status in ("completed", "early_stopped", "stopped"):
+            self.writer.add_scalar("test/final_accuracy", self.state["accuracy"] or 0.0, self.state["step"])
+        self.writer.close()
+        return res
+
+
+def _finished(out: Path) -> dict | None:
+    """The stored result of a run directory that already ended (its checkpoint is its final state)."""
+    path = out / "result.json"
+    if path.exists() and (out / "checkpoint.pt").exists():
+        try:
+            res = json.loads(path.read_text())
+        except ValueError:
+            return None
+        if res.get("status") in DONE:
+            return res
+    return None
 
 
 def train(cfg: RunConfig, out_dir, *, progress: bool = True,
@@ -127,154 +193,164 @@ def train(cfg: RunConfig, out_dir, *, progress: bool = True,
     """Train one run into ``out_dir`` (resuming from its checkpoint if one is there).
 
     Returns the result dict also written to ``out_dir/result.json``. Raises
-    ``TrainingDiverged`` on NaN/inf loss (after writing result.json with status
-    "diverged").
+    ``TrainingDiverged`` on NaN/inf loss (after writing result.json with status "diverged").
     """
-    from torch.utils.tensorboard import SummaryWriter
-    from torch.utils.tensorboard.summary import hparams as hparams_summary
+    res = train_replicas([cfg], [out_dir], progress=progress, on_eval=[on_eval] if on_eval else None)[0]
+    if res["status"] == "diverged":
+        raise TrainingDiverged(res["error"])
+    return res
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(cfg.train.device)
-    tc = cfg.train
-    task, model = build(cfg, device)
+
+def train_replicas(cfgs: list[RunConfig], out_dirs: list, *, progress: bool = True,
+                   on_eval: list[Callable[[int, dict], None] | None] | None = None) -> list[dict]:
+    """Train runs that differ only in ``train.lr`` and ``seed`` as one stacked model, each into its own
+    directory (resuming from checkpoints, which must then be at the same step). A directory whose run
+    already ended returns its stored result. ``on_eval[r](step, metrics)`` may raise ``StopTraining``
+    to stop run r alone. Returns the result of each run (a diverged run has status "diverged")."""
+    if len({stack_key(c) for c in cfgs}) != 1:
+        raise ValueError("train_replicas: the runs must differ only in train.lr, seed and name")
+    outs = [Path(o) for o in out_dirs]
+    results: list[dict | None] = [_finished(o) for o in outs]
+    todo = [i for i, r in enumerate(results) if r is None]
+    if todo:
+        callbacks = on_eval or [None] * len(cfgs)
+        done = _train_group([cfgs[i] for i in todo], [outs[i] for i in todo], progress,
+                            [callbacks[i] for i in todo])
+        for i, res in zip(todo, done):
+            results[i] = res
+    return results
+
+
+def _train_group(cfgs, outs, progress, callbacks) -> list[dict]:
+    t_start = time.perf_counter()
+    tc = cfgs[0].train
+    device = resolve_device(tc.device)
+    R = len(cfgs)
+    for o in outs:
+        o.mkdir(parents=True, exist_ok=True)
+    built = [build(c, device) for c in cfgs]
+    tasks, models = [b[0] for b in built], [b[1] for b in built]
+    if tc.precision == "fp64":
+        models = [m.double() for m in models]
+    if R > 1 and not graph_safe(models[0]):
+        names = sorted({m.mixer_name for m in models[0].mixers if not m.graph_safe()})
+        raise ValueError(f"train_replicas: mixer(s) {', '.join(names)} cannot train stacked (not graph-safe)")
     use_bf16 = tc.precision == "bf16" or (tc.precision == "auto" and device.type == "cuda")
-    use_graph = use_cuda_graph(tc.cuda_graph, device, model)
-    # a graph replays its casts, so autocast must not cache them across the capture
+    use_graph = use_cuda_graph(tc.cuda_graph, device, models[0])
+    step = Step(models, [c.train for c in cfgs], per_row=getattr(tasks[0], "max_targets", None),
+                autocast_dtype=torch.bfloat16 if use_bf16 else None, capture_after=2 if use_graph else None,
+                compile=use_compile(tc.compile, device, models[0]))
+    # evaluation stays eager; it must not cache casts a graph replays
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=not use_graph)) \
         if use_bf16 else nullcontext
+    runs = [_Run(c, o, t, m, t_start) for c, o, t, m in zip(cfgs, outs, tasks, models)]
+    for run, opt in zip(runs, step.opts):
+        run.load(opt, device)
+    first = {run.state["step"] for run in runs}
+    if len(first) != 1:
+        raise ValueError(f"train_replicas: checkpoints at different steps {sorted(first)} in "
+                         f"{', '.join(str(o) for o in outs)}; train them separately")
+    start = first.pop()
+    step.start_at(start)
+    shared = len({c.seed for c in cfgs}) == 1          # one task: one batch for every replica
+    batches = [TrainBatches(t, tc.batch_size, tc.steps) for t in (tasks[:1] if shared else tasks)]
 
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=tc.lr, betas=tuple(tc.betas), fused=device.type == "cuda")
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(tc.steps, tc.warmup_frac))
+    def batch(s):
+        if shared:
+            return batches[0][s]
+        xs, ys = zip(*(b[s] for b in batches))
+        return torch.stack(xs), torch.stack(ys)
 
-    config_dict = to_dict(cfg)
-    state = {"step": 0, "best_accuracy": 0.0, "best_step": 0, "accuracy": None, "train_time": 0.0,
-             "history": []}
-    ckpt_path = out / "checkpoint.pt"
-    if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
-        if ckpt["config"] != config_dict:
-            raise ValueError(f"{out}: holds a checkpoint of a different config; choose another --out")
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
-        state = ckpt["state"]
+    active = list(range(R))
+    title = cfgs[0].name or f"{'+'.join(dict.fromkeys(cfgs[0].model.layer_mixers()))} d{cfgs[0].model.d_model}"
+    if R > 1:
+        title += f" x{R}"
 
-    writer = SummaryWriter(log_dir=str(out))
-    if state["step"] == 0:
-        # hparams in the run's own folder (add_hparams would create a sub-run)
-        for s in hparams_summary(_hparams(cfg), {"test/accuracy": 0.0, "test/best_accuracy": 0.0}):
-            writer.file_writer.add_summary(s)
+    def stop(r, status, error=None):
+        step.freeze(r)
+        active.remove(r)
+        if status != "diverged":                         # keep the last finite checkpoint
+            runs[r].save(step.opts[r])
+        results[r] = runs[r].finish(status, error, R)
 
-    def save():
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                    "scheduler": sched.state_dict(), "state": state, "config": config_dict}, ckpt_path)
-
-    n_params = model.num_params()
-    state_size = model.state_size(task.seq_len)
-    status, error = "running", None
-    t_start = time.perf_counter()
-
-    def result() -> dict:
-        steps_done = state["step"]
-        return {"status": status, "error": error, "config": config_dict,
-                "final_accuracy": state["accuracy"], "best_accuracy": state["best_accuracy"],
-                "best_step": state["best_step"], "steps": steps_done,
-                "wall_time_s": round(time.perf_counter() - t_start, 3),
-                "train_time_s": round(state["train_time"], 3),
-                "steps_per_sec": round(steps_done / state["train_time"], 2) if state["train_time"] else None,
-                "params": n_params, "state_size": state_size, "device": str(device),
-                "history": state["history"]}
-
-    def do_eval(step: int) -> bool:
-        metrics = evaluate(model, task, tc.eval_batch_size, autocast)
+    def do_eval(r, s) -> None:
+        run = runs[r]
+        metrics = evaluate(run.model, run.task, tc.eval_batch_size, autocast)
         acc = metrics["test/accuracy"]
-        state["accuracy"] = acc
-        if acc > state["best_accuracy"] or state["best_step"] == 0:
-            state["best_accuracy"], state["best_step"] = max(acc, state["best_accuracy"]), step
-        metrics["test/best_accuracy"] = state["best_accuracy"]
-        state["history"].append({"step": step, **metrics})
+        run.state["accuracy"] = acc
+        if acc > run.state["best_accuracy"] or run.state["best_step"] == 0:
+            run.state["best_accuracy"], run.state["best_step"] = max(acc, run.state["best_accuracy"]), s
+        metrics["test/best_accuracy"] = run.state["best_accuracy"]
+        run.state["history"].append({"step": s, **metrics})
         for k, v in metrics.items():
-            writer.add_scalar(k, v, step)
-        writer.flush()
-        save()
-        if on_eval is not None:
-            on_eval(step, metrics)
-        return tc.early_stop is not None and acc >= tc.early_stop
+            run.writer.add_scalar(k, v, s)
+        run.writer.flush()
+        run.save(step.opts[r])
+        try:
+            if callbacks[r] is not None:
+                callbacks[r](s, metrics)
+        except StopTraining as e:
+            return stop(r, "stopped", str(e) or "stopped by callback")
+        if tc.early_stop is not None and acc >= tc.early_stop and s < tc.steps:
+            stop(r, "early_stopped")
 
-    per_row = getattr(task, "max_targets", None)
-    batches = TrainBatches(task, tc.batch_size)
-    title = cfg.name or f"{'+'.join(dict.fromkeys(cfg.model.layer_mixers()))} d{cfg.model.d_model}"
-    model.train()
-    loss_acc = torch.zeros((), device=device)
-
-    def loss_fn(x, y):
-        pos, y = scored_positions(y, per_row)
-        with autocast():
-            logits = model(x, pos)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
-            aux = model.aux_loss()
-        return (loss + aux if aux is not None else loss), loss
-
-    forward_backward = GraphedStep(loss_fn, list(model.parameters()), loss_acc,
-                                   capture_after=2 if use_graph else None)
-    n_acc = 0
+    results: list[dict | None] = [None] * R
+    if start and start % tc.eval_every == 0:       # interrupted between a step and its evaluation
+        for r in list(active):
+            if not runs[r].state["history"] or runs[r].state["history"][-1]["step"] != start:
+                do_eval(r, start)
+    n_acc, s = 0, start
     t_log = time.perf_counter()
-    steps_at_log = state["step"]
-    stopped = False
+    steps_at_log = s
     try:
-        with _progress(progress, tc.steps, title) as bar:
-            bar_task = bar.add_task("train", total=tc.steps, completed=state["step"], info="")
-            while state["step"] < tc.steps and not stopped:
-                step = state["step"]
-                forward_backward(*batches[step])
-                if tc.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-                opt.step()
-                sched.step()
+        with _progress(progress, title) as bar:
+            bar_task = bar.add_task("train", total=tc.steps, completed=s, info="")
+            while s < tc.steps and active:
+                step(*batch(s))
                 n_acc += 1
-                state["step"] = step = step + 1
-                last = step == tc.steps
-                if step % tc.log_every == 0 or last or step % tc.eval_every == 0:
-                    mean_loss = loss_acc.item() / n_acc       # the one sync per log interval
+                s += 1
+                for r in active:
+                    runs[r].state["step"] = s
+                last = s == tc.steps
+                if s % tc.log_every == 0 or last or s % tc.eval_every == 0:
+                    losses = (step.loss_sum / n_acc).tolist()        # the one sync per log interval
                     now = time.perf_counter()
-                    state["train_time"] += now - t_log
-                    sps = (step - steps_at_log) / max(now - t_log, 1e-9)
-                    if not math.isfinite(mean_loss):
-                        raise TrainingDiverged(f"loss became {mean_loss} at step {step} (lr {tc.lr:g})")
-                    writer.add_scalar("train/loss", mean_loss, step)
-                    writer.add_scalar("train/lr", sched.get_last_lr()[0], step)
-                    writer.add_scalar("perf/steps_per_sec", sps, step)
-                    loss_acc.zero_()
+                    sps = (s - steps_at_log) / max(now - t_log, 1e-9)
+                    for r in list(active):
+                        run = runs[r]
+                        run.state["train_time"] += now - t_log
+                        if not math.isfinite(losses[r]):
+                            stop(r, "diverged", f"loss became {losses[r]} at step {s} (lr {run.cfg.train.lr:g})")
+                            continue
+                        run.writer.add_scalar("train/loss", losses[r], s)
+                        run.writer.add_scalar("train/lr", float(step.lrs[r]), s)
+                        run.writer.add_scalar("perf/steps_per_sec", sps, s)
+                    step.loss_sum.zero_()
                     n_acc = 0
-                    if step % tc.eval_every == 0 or last:
-                        stopped = do_eval(step)
-                    acc = state["accuracy"]
-                    bar.update(bar_task, completed=step, info=f"loss {mean_loss:.3f}  acc "
-                               f"{'-' if acc is None else f'{acc:.3f}'}  {sps:.1f} steps/s")
+                    if s % tc.eval_every == 0 or last:
+                        for r in list(active):
+                            do_eval(r, s)
+                    info = _info([runs[r] for r in active] or runs, [losses[r] for r in active] or losses, sps)
+                    bar.update(bar_task, completed=s, info=info)
                     t_log = time.perf_counter()
-                    steps_at_log = step
-        status = "early_stopped" if stopped and state["step"] < tc.steps else "completed"
-    except TrainingDiverged as e:
-        status, error = "diverged", str(e)
-        raise
-    except StopTraining as e:
-        status, error = "stopped", str(e) or "stopped by callback"
+                    steps_at_log = s
+        for r in list(active):
+            stop(r, "completed")
     except KeyboardInterrupt:
-        status, error = "interrupted", "interrupted; rerun with the same --out to resume"
-        save()
+        for r in list(active):
+            runs[r].save(step.opts[r])
+            results[r] = runs[r].finish("interrupted", "interrupted; rerun with the same --out to resume", R)
         raise
     except BaseException as e:
-        status, error = "failed", f"{type(e).__name__}: {e}"
+        for r in list(active):
+            results[r] = runs[r].finish("failed", f"{type(e).__name__}: {e}", R)
         raise
-    finally:
-        res = result()
-        _write_json(out / "result.json", res)
-        if status in ("completed", "early_stopped", "stopped"):
-            writer.add_scalar("test/final_accuracy", state["accuracy"] or 0.0, state["step"])
-        writer.close()
-    return res
+    return results
+
+
+def _info(runs, losses, sps) -> str:
+    accs = [r.state["accuracy"] for r in runs if r.state["accuracy"] is not None]
+    acc = f"{max(accs):.3f}" if accs else "-"
+    if len(runs) == 1:
+        return f"loss {losses[0]:.3f}  acc {acc}  {sps:.1f} steps/s"
+    return f"loss {min(losses):.3f}-{max(losses):.3f}  best acc {acc}  {len(runs)} running  {sps:.1f} steps/s"

@@ -1,0 +1,194 @@
+"""One training step of R replicas of a model, eager or replayed from one CUDA graph.
+
+A replica is a whole ``LanguageModel`` with its own AdamW; replicas share the architecture and
+differ in weights (seed) and learning rate. With R > 1 their parameters are stacked for the
+forward and ``torch.func.vmap`` runs the model once over all of them: every matrix product becomes
+a batched one and the recurrence kernels see one batch of R * B sequences (their custom ops fold
+the replicas in). The backward of the summed losses gives every replica its own gradients. Each
+replica's gradients are clipped on their own and its AdamW (fused, with the learning rate as a
+device tensor) steps it; the learning-rate schedule is computed on the device from a step counter.
+
+So a whole step - forward, backward, clipping, optimizer, schedule and the running loss - is
+device work with no host read, and on CUDA it is captured once as a graph and replayed:
+the host only copies the batch in and launches the graph. The sandbox's models are small, so
+this removes what used to set the pace (Python, autograd and a few hundred kernel launches).
+
+Requirements for a graph and for stacking, checked by ``graph_safe(model)``: every mixer keeps
+static shapes and never waits on the host (``Mixer.graph_safe``). A replica that stops (early
+stop, pruning, a non-finite loss) is frozen by a zero learning rate; the others go on.
+
+With ``compile`` the forward and backward go through ``torch.compile`` (the kernels are custom ops
+it treats as opaque), which fuses the norms, the residual adds, SwiGLU and the gate arithmetic.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def graph_safe(model) -> bool:
+    return all(m.graph_safe() for m in model.mixers)
+
+
+def lr_lambda(steps: int, warmup_frac: float) -> Callable[[int], float]:
+    """The learning-rate factor of step ``step`` (0-based): linear warm-up, then cosine to 0."""
+    warmup = int(warmup_frac * steps)
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, steps - warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+    return f
+
+
+def lr_factor(step: torch.Tensor, steps: int, warmup_frac: float) -> torch.Tensor:
+    """``lr_lambda`` on the device: the factor of the step counter ``step`` (float64 scalar tensor)."""
+    warmup = int(warmup_frac * steps)
+    cosine = 0.5 * (1 + torch.cos(math.pi * ((step - warmup) / max(1, steps - warmup)).clamp(max=1.0)))
+    if warmup == 0:
+        return cosine
+    return torch.where(step < warmup, (step + 1) / warmup, cosine)
+
+
+def scored_positions(targets: torch.Tensor, per_row: int | None):
+    """``(positions [B, P], targets [B, P])`` covering every scored target when a row has at most
+    ``per_row`` of them (``None``: all positions). Fixed shapes, so no host sync."""
+    if per_row is None or per_row >= targets.shape[1]:
+        return None, targets
+    pos = torch.topk((targets != -100).to(torch.float16), per_row, dim=1, sorted=False).indices
+    return pos, targets.gather(1, pos)
+
+
+class Step:
+    """``step(x, y)``: one training step of every replica.
+
+    ``x, y``: int64 ``[B, T]`` (one batch for all replicas) or ``[R, B, T]`` (a batch each).
+    ``models`` and ``train_cfgs`` are per replica; the train configs may differ in ``lr`` only
+    (and in whatever does not enter the step). ``capture_after=n`` runs n eager steps (compiling
+    and tuning the kernels, creating the optimizer state), then captures one and replays it;
+    ``None`` stays eager. Read the running loss of each replica from ``loss_sum`` ([R]).
+    """
+
+    def __init__(self, models: list, train_cfgs: list, *, per_row: int | None, autocast_dtype=None,
+                 capture_after: int | None = None, compile: bool = False):
+        self.models, self.R = models, len(models)
+        tc = train_cfgs[0]
+        self.steps, self.warmup_frac = tc.steps, tc.warmup_frac
+        self.clip = [c.grad_clip for c in train_cfgs]
+        self.per_row, self.autocast_dtype = per_row, autocast_dtype
+        p0 = next(models[0].parameters())
+        self.device = p0.device
+        cuda = self.device.type == "cuda"
+        self.base_lr = torch.tensor([c.lr for c in train_cfgs], dtype=torch.float64, device=self.device)
+        self.active = torch.ones(self.R, dtype=torch.float64, device=self.device)
+        self.counter = torch.zeros((), dtype=torch.float64, device=self.device)     # the step being taken
+        self.lrs = [torch.tensor(c.lr, dtype=torch.float32, device=self.device) for c in train_cfgs]
+        self.opts = []
+        for m, c, lr in zip(models, train_cfgs, self.lrs):
+            decay = [p for p in m.parameters() if p.dim() >= 2]
+            no_decay = [p for p in m.parameters() if p.dim() < 2]
+            self.opts.append(torch.optim.AdamW(
+                [{"params": decay, "weight_decay": c.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                lr=lr, betas=tuple(c.betas), fused=True, capturable=cuda))
+        self.params = [p for m in models for p in m.parameters()]
+        self.loss_sum = torch.zeros(self.R, device=self.device)
+        self.names = [n for n, _ in models[0].named_parameters()]
+        self.buffer_names = [n for n, _ in models[0].named_buffers()]
+        self.forward = torch.compile(self._losses, dynamic=False) if compile else self._losses
+        self.capture_after = capture_after
+        self.graph = None
+        self.calls = 0
+        self.stream = torch.cuda.Stream() if capture_after is not None else None
+
+    # -- state that lives outside the graph ------------------------------------------------------
+    def start_at(self, step: int) -> None:
+        """Continue a run at ``step`` (after loading the replicas' checkpoints)."""
+        self.counter.fill_(step)
+        for opt, lr in zip(self.opts, self.lrs):     # a loaded state dict brings its own lr objects
+            for group in opt.param_groups:
+                group["lr"] = lr
+
+    def freeze(self, r: int) -> None:
+        """Replica r trains no further (its learning rate is zero from the next step)."""
+        self.active[r] = 0.0
+
+    # -- the step --------------------------------------------------------------------------------
+    def _loss(self, model_call, x, y):
+        pos, y = scored_positions(y, self.per_row)
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.bfloat16,
+                            enabled=self.autocast_dtype is not None, cache_enabled=self.capture_after is None):
+            logits, aux = model_call(x, pos)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
+        return (loss + aux if aux is not None else loss), loss
+
+    def _losses(self, x, y):
+        """(sum of the replicas' total losses, per-replica losses [R])."""
+        if self.R == 1:
+            m = self.models[0]
+            total, loss = self._loss(lambda x, pos: (m(x, pos), m.aux_loss()), x, y)
+            return total, loss[None]
+        params = {n: torch.stack(ps) for n, ps in zip(self.names, zip(*(m.parameters() for m in self.models)))}
+        buffers = {n: torch.stack(bs) for n, bs in zip(self.buffer_names, zip(*(m.buffers() for m in self.models)))}
+        base = self.models[0]
+
+        def one(p, b, x, y):
+            def call(x, pos):
+                logits = torch.func.functional_call(base, (p, b), (x, pos))
+                return logits, base.aux_loss()
+            return self._loss(call, x, y)
+
+        dim = 0 if x.dim() == 3 else None
+        total, loss = torch.func.vmap(one, in_dims=(0, 0, dim, dim))(params, buffers, x, y)
+        return total.sum(), loss
+
+    def _step(self, x, y) -> None:
+        for p in self.params:
+            p.grad = None
+        total, loss = self.forward(x, y)
+        total.backward()
+        self.loss_sum += loss.detach()
+        factor = lr_factor(self.counter, self.steps, self.warmup_frac)
+        for r, (m, opt) in enumerate(zip(self.models, self.opts)):
+            if self.clip[r] > 0:
+                torch.nn.utils.clip_grad_norm_(m.parameters(), self.clip[r], foreach=True)
+            self.lrs[r].copy_(self.base_lr[r] * factor * self.active[r])
+            opt.step()
+        self.counter += 1
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.calls += 1
+        if self.capture_after is None:
+            return self._step(x, y)
+        if self.graph is None and self.calls <= self.capture_after:
+            # warm up on the stream the capture will use (lazy cuBLAS/Triton state lives there)
+            self.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.stream):
+                self._step(x, y)
+            torch.cuda.current_stream().wait_stream(self.stream)
+            return None
+        if self.graph is None:
+            self._capture(x, y)
+        self.x.copy_(x)
+        self.y.copy_(y)
+        self.graph.replay()
+        return None
+
+    def _capture(self, x, y) -> None:
+        self.x, self.y = x.clone(), y.clone()
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(self.graph, stream=self.stream):
+                self._step(self.x, self.y)
+        except Exception as e:   # a host sync in some mixer: name the way out
+            raise RuntimeError(f"CUDA graph capture failed ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                               f"a mixer is not graph-safe: set train.cuda_graph: false") from e
+        unused = sum(p.grad is None for p in self.params)
+        if unused:
+            raise RuntimeError(f"CUDA graph: {unused} parameters got no gradient in the captured step "
+                               f"(they would never be trained); set train.cuda_graph: false")

@@ -1,0 +1,101 @@
+"""Stacked replicas: R runs trained as one vmapped model equal R runs trained alone (float64, CPU)."""
+import copy
+import json
+
+import pytest
+import torch
+
+from sandbox.config import load_config
+from sandbox.train import StopTraining, train, train_replicas
+
+BASE = {"task": {"name": "mqar", "seq_len": 24, "num_kv_pairs": 3, "vocab_size": 32, "test_examples": 32},
+        "model": {"mixer": "gla", "d_model": 32, "n_layers": 2, "n_heads": 2},
+        "train": {"steps": 12, "batch_size": 8, "lr": 3e-3, "eval_every": 6, "log_every": 3,
+                  "eval_batch_size": 32, "early_stop": None, "precision": "fp64", "device": "cpu"}}
+
+
+def configs(model=None, lrs=(1e-3, 3e-3, 1e-2), seeds=(0, 0, 1), **train_kw):
+    out = []
+    for lr, seed in zip(lrs, seeds):
+        data = copy.deepcopy(BASE)
+        data["model"].update(model or {})
+        data["train"].update(lr=lr, **train_kw)
+        data["seed"] = seed
+        out.append(load_config(data=data))
+    return out
+
+
+def weights(run_dir):
+    return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+
+
+def assert_same_runs(stacked_dir, solo_dir, n, rtol=1e-9, atol=1e-11):
+    for i in range(n):
+        a, b = weights(stacked_dir / str(i)), weights(solo_dir / str(i))
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=rtol, atol=atol, msg=f"replica {i}: {k}")
+        ra = json.loads((stacked_dir / str(i) / "result.json").read_text())
+        rb = json.loads((solo_dir / str(i) / "result.json").read_text())
+        assert ra["status"] == rb["status"] and ra["steps"] == rb["steps"]
+        assert [h["test/loss"] for h in ra["history"]] == pytest.approx([h["test/loss"] for h in rb["history"]],
+                                                                         rel=1e-9)
+
+
+@pytest.mark.parametrize("model", [None, {"gla": {"topk": 4, "conv_size": 4}},
+                                   {"mixer": "attention", "positions": "learned"},
+                                   {"mixer": "gated_deltanet", "channel_mixer": "none"}],
+                         ids=["gla", "gla_topk_conv", "attention", "gated_deltanet"])
+def test_stacked_replicas_equal_solo_runs(tmp_path, model):
+    """Learning rates 1e-3, 3e-3, 1e-2 and seeds 0, 0, 1 (so one replica has data of its own)."""
+    cfgs = configs(model)
+    res = train_replicas(cfgs, [tmp_path / "stacked" / str(i) for i in range(3)], progress=False)
+    assert [r["replicas"] for r in res] == [3, 3, 3]
+    for i, c in enumerate(cfgs):
+        train(c, tmp_path / "solo" / str(i), progress=False)
+    assert_same_runs(tmp_path / "stacked", tmp_path / "solo", 3)
+    # different learning rates really trained differently
+    a, b = weights(tmp_path / "stacked" / "0"), weights(tmp_path / "stacked" / "1")
+    assert not torch.equal(a["embed.weight"], b["embed.weight"])
+
+
+def test_a_replica_that_stops_or_diverges_leaves_the_others_alone(tmp_path):
+    cfgs = configs(lrs=(1e-3, 3e-3, 1e30), seeds=(0, 0, 0), grad_clip=0.0, warmup_frac=0.0)
+
+    def prune_at_6(step, metrics):
+        if step == 6:
+            raise StopTraining("pruned")
+
+    res = train_replicas(cfgs, [tmp_path / "stacked" / str(i) for i in range(3)], progress=False,
+                         on_eval=[None, prune_at_6, None])
+    assert [r["status"] for r in res] == ["completed", "stopped", "diverged"]
+    assert res[1]["steps"] == 6 and res[0]["steps"] == 12
+    train(cfgs[0], tmp_path / "solo" / "0", progress=False)
+    train(cfgs[1], tmp_path / "solo" / "1", progress=False, on_eval=prune_at_6)
+    assert_same_runs(tmp_path / "stacked", tmp_path / "solo", 2)
+
+
+def test_interrupted_stack_resumes_to_the_weights_of_a_straight_one(tmp_path):
+    cfgs = configs()
+    straight = [tmp_path / "a" / str(i) for i in range(3)]
+    train_replicas(cfgs, straight, progress=False)
+
+    def stop_all_at_6(step, metrics):
+        if step == 6:
+            raise KeyboardInterrupt
+
+    resumed = [tmp_path / "b" / str(i) for i in range(3)]
+    with pytest.raises(KeyboardInterrupt):
+        train_replicas(cfgs, resumed, progress=False, on_eval=[stop_all_at_6, None, None])
+    assert all(json.loads((d / "result.json").read_text())["status"] == "interrupted" for d in resumed)
+    res = train_replicas(cfgs, resumed, progress=False)
+    assert [r["status"] for r in res] == ["completed"] * 3
+    assert_same_runs(tmp_path / "b", tmp_path / "a", 3)
+    again = train_replicas(cfgs, resumed, progress=False)         # finished directories: stored results
+    assert [r["steps"] for r in again] == [12, 12, 12]
+
+
+def test_runs_that_differ_in_more_than_lr_and_seed_are_refused(tmp_path):
+    cfgs = configs()
+    cfgs[1].train.batch_size = 4
+    with pytest.raises(ValueError, match="differ only in"):
+        train_replicas(cfgs, [tmp_path / str(i) for i in range(3)], progress=False)
