@@ -17,7 +17,7 @@ from pathlib import Path
 # Modules that contribute subcommands; each defines add_cli(subparsers) and sets
 # `func` on its parser (a function args -> exit code).
 SUBCOMMAND_MODULES: list[str] = ["sandbox.analysis.cli", "sandbox.sweep.cli", "sandbox.analysis.lte_eval",
-                                  "sandbox.bench.kernels"]
+                                  "sandbox.bench"]
 
 
 def _error(msg: str, code: int = 2) -> int:

@@ -383,11 +383,3 @@ def main_kernels(argv=None) -> int:
         print(f"sandbox bench kernels: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 1
     return 1 if res.get("failed_checks") else 0
-
-
-def add_cli(sub) -> None:
-    """``sandbox bench kernels [options]`` (options as in ``main_kernels``)."""
-    p = sub.add_parser("bench", help="benchmarks: `sandbox bench kernels [--check]` (GPU)", add_help=False)
-    p.add_argument("what", choices=["kernels"])
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=lambda a: main_kernels(a.rest))

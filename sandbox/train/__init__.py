@@ -4,9 +4,9 @@ learning rate and seed, trained as one stacked model, each with its own director
 loop.py  the run loop: evaluation, early stop, checkpoints, TensorBoard, results
 step.py  one step of R replicas: vmap over stacked weights, per-replica AdamW and schedule, one CUDA graph
 """
-from sandbox.train.loop import (StopTraining, TrainingDiverged, build, evaluate, resolve_device, stack_key, train,
-                                train_replicas, use_compile, use_cuda_graph)
+from sandbox.train.loop import (Group, StopTraining, TrainingDiverged, build, evaluate, resolve_device, stack_key,
+                                train, train_replicas, use_compile, use_cuda_graph)
 from sandbox.train.step import Step, graph_safe, lr_lambda, scored_positions
 
-__all__ = ["StopTraining", "TrainingDiverged", "build", "evaluate", "resolve_device", "stack_key", "train",
+__all__ = ["Group", "StopTraining", "TrainingDiverged", "build", "evaluate", "resolve_device", "stack_key", "train",
            "train_replicas", "use_compile", "use_cuda_graph", "Step", "graph_safe", "lr_lambda", "scored_positions"]

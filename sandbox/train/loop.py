@@ -221,29 +221,51 @@ def train_replicas(cfgs: list[RunConfig], out_dirs: list, *, progress: bool = Tr
     return results
 
 
+class Group:
+    """What a run of R stacked replicas trains with: the tasks, the models, the step, the batches."""
+
+    def __init__(self, cfgs: list[RunConfig]):
+        tc = cfgs[0].train
+        self.device = device = resolve_device(tc.device)
+        built = [build(c, device) for c in cfgs]
+        self.tasks, self.models = [b[0] for b in built], [b[1] for b in built]
+        if tc.precision == "fp64":
+            self.models = [m.double() for m in self.models]
+        if len(cfgs) > 1 and not graph_safe(self.models[0]):
+            names = sorted({m.mixer_name for m in self.models[0].mixers if not m.graph_safe()})
+            raise ValueError(f"train_replicas: mixer(s) {', '.join(names)} cannot train stacked (not graph-safe)")
+        self.bf16 = tc.precision == "bf16" or (tc.precision == "auto" and device.type == "cuda")
+        self.graph = use_cuda_graph(tc.cuda_graph, device, self.models[0])
+        self.step = Step(self.models, [c.train for c in cfgs], per_row=getattr(self.tasks[0], "max_targets", None),
+                         autocast_dtype=torch.bfloat16 if self.bf16 else None,
+                         capture_after=2 if self.graph else None,
+                         compile=use_compile(tc.compile, device, self.models[0]))
+        self.shared = len({c.seed for c in cfgs}) == 1          # one task: one batch for every replica
+        self.batches = [TrainBatches(t, tc.batch_size, tc.steps) for t in
+                        (self.tasks[:1] if self.shared else self.tasks)]
+
+    def batch(self, s: int):
+        if self.shared:
+            return self.batches[0][s]
+        xs, ys = zip(*(b[s] for b in self.batches))
+        return torch.stack(xs), torch.stack(ys)
+
+    def autocast(self):
+        """For evaluation, which stays eager (it must not cache casts a graph replays)."""
+        if not self.bf16:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=not self.graph)
+
+
 def _train_group(cfgs, outs, progress, callbacks) -> list[dict]:
     t_start = time.perf_counter()
     tc = cfgs[0].train
-    device = resolve_device(tc.device)
     R = len(cfgs)
     for o in outs:
         o.mkdir(parents=True, exist_ok=True)
-    built = [build(c, device) for c in cfgs]
-    tasks, models = [b[0] for b in built], [b[1] for b in built]
-    if tc.precision == "fp64":
-        models = [m.double() for m in models]
-    if R > 1 and not graph_safe(models[0]):
-        names = sorted({m.mixer_name for m in models[0].mixers if not m.graph_safe()})
-        raise ValueError(f"train_replicas: mixer(s) {', '.join(names)} cannot train stacked (not graph-safe)")
-    use_bf16 = tc.precision == "bf16" or (tc.precision == "auto" and device.type == "cuda")
-    use_graph = use_cuda_graph(tc.cuda_graph, device, models[0])
-    step = Step(models, [c.train for c in cfgs], per_row=getattr(tasks[0], "max_targets", None),
-                autocast_dtype=torch.bfloat16 if use_bf16 else None, capture_after=2 if use_graph else None,
-                compile=use_compile(tc.compile, device, models[0]))
-    # evaluation stays eager; it must not cache casts a graph replays
-    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=not use_graph)) \
-        if use_bf16 else nullcontext
-    runs = [_Run(c, o, t, m, t_start) for c, o, t, m in zip(cfgs, outs, tasks, models)]
+    group = Group(cfgs)
+    device, step, batch, autocast = group.device, group.step, group.batch, group.autocast
+    runs = [_Run(c, o, t, m, t_start) for c, o, t, m in zip(cfgs, outs, group.tasks, group.models)]
     for run, opt in zip(runs, step.opts):
         run.load(opt, device)
     first = {run.state["step"] for run in runs}
@@ -252,14 +274,6 @@ def _train_group(cfgs, outs, progress, callbacks) -> list[dict]:
                          f"{', '.join(str(o) for o in outs)}; train them separately")
     start = first.pop()
     step.start_at(start)
-    shared = len({c.seed for c in cfgs}) == 1          # one task: one batch for every replica
-    batches = [TrainBatches(t, tc.batch_size, tc.steps) for t in (tasks[:1] if shared else tasks)]
-
-    def batch(s):
-        if shared:
-            return batches[0][s]
-        xs, ys = zip(*(b[s] for b in batches))
-        return torch.stack(xs), torch.stack(ys)
 
     active = list(range(R))
     title = cfgs[0].name or f"{'+'.join(dict.fromkeys(cfgs[0].model.layer_mixers()))} d{cfgs[0].model.d_model}"

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The one entry point for GPU work: every device call runs `bash benchmarks/device.sh RECIPE [ARGS...]`
+# (chain several with `;`). Outputs go to $OUT (default ./device_out), a few files per recipe, so that
+# they come back from the device machine (at most 8 files per call: bulky outputs are tarred).
+#
+# Recipes:
+#   env                      the GPU, driver, and package versions
+#   checks                   every Triton kernel family against its float64 reference on this GPU, plus the
+#                            GPU-only tests (CUDA graph = eager, stacked replicas = solo runs in bf16, kernel
+#                            tiles that Triton 3.6 miscompiles on Hopper)
+#   bench-kernels [ARGS]     `sandbox bench kernels --check ARGS` (fla beside ours when its wheel is in .whl)
+#   bench-train [ARGS]       `sandbox bench train --ref .ref/REF ARGS` (REF: the newest directory in .ref)
+#   sweep FILE [ARGS]        `sandbox sweep FILE --out results/NAME ARGS` (resumes); tars the directory
+#   collect DIR...           tar the named directories into $OUT/collect.tar.gz
+#
+# What the GPU image lacks travels with the call: Python wheels in .whl/ (optuna and its needs, fla:
+# `bash ../shared/tools/gpu-wheels.sh .whl`), another commit's code in .ref/<commit>/ (`git worktree add
+# --detach .ref/<commit> <commit>`); name both in the call's `carry`. Both paths are git-ignored.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/device_out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-/tmp/sandbox-inductor}"
+if [ -d .whl ] && ! python3 -c "import optuna" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site" || { echo "device.sh: wheel install failed"; exit 1; }
+elif [ -d /tmp/site ]; then
+    export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+sandbox() { python3 -m sandbox.cli "$@"; }
+
+recipe="${1:-}"
+shift || true
+case "$recipe" in
+env)
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/env.txt"
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
+        | tee -a "$OUT/env.txt"
+    python3 -c "import optuna; print('optuna', optuna.__version__)" 2>/dev/null | tee -a "$OUT/env.txt"
+    ;;
+checks)
+    sandbox bench kernels --check --shapes none --no-fla --no-torch --no-sse --no-profile \
+        --out "$OUT/checks.json" 2>&1 | tee "$OUT/checks.txt"
+    python3 -m pytest -q -p no:cacheprovider tests/test_graph_step.py tests/test_replicas.py \
+        tests/test_nan_regression.py 2>&1 | tee -a "$OUT/checks.txt"
+    ;;
+bench-kernels)
+    sandbox bench kernels --check --out "$OUT/bench_kernels.json" "$@" 2>&1 | tee "$OUT/bench_kernels.txt"
+    ;;
+bench-train)
+    ref=$(ls -td .ref/*/ 2>/dev/null | head -n 1)
+    sandbox bench train ${ref:+--ref "$ref"} --out /tmp/bench_train "$@" 2>&1 | tee "$OUT/bench_train.txt"
+    cp /tmp/bench_train/bench.json "$OUT/bench_train.json" 2>/dev/null
+    tar -czf "$OUT/bench_train_logs.tar.gz" -C /tmp bench_train --exclude='*.pt' --exclude='events.*' 2>/dev/null
+    ;;
+sweep)
+    file="$1"; shift
+    name=$(python3 -c "import yaml, sys; print(yaml.safe_load(open(sys.argv[1]))['name'])" "$file")
+    sandbox sweep "$file" --out "results/$name" --no-live "$@" 2>&1 | tee "$OUT/sweep_$name.txt"
+    tar -czf "$OUT/sweep_$name.tar.gz" --exclude='*.pt' --exclude='events.*' "results/$name"
+    ;;
+collect)
+    tar -czf "$OUT/collect.tar.gz" "$@"
+    ;;
+*)
+    sed -n '2,22p' "$0"
+    exit 2
+    ;;
+esac

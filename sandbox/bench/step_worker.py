@@ -1,0 +1,166 @@
+"""One configuration of ``sandbox bench train``, measured in a process of its own.
+
+Run as a script with ``PYTHONPATH`` set to the code under test (this checkout, or another commit's
+worktree), so the same measurement runs on both:
+
+    PYTHONPATH=CODE python sandbox/bench/step_worker.py CONFIG.json OUT_DIR [--replicas R] [--roofline]
+
+It trains the configuration through that code's own ``sandbox.train.train`` (or, with
+``--replicas``, ``train_replicas`` over R learning rates) and reads back what the run logged:
+steady-state steps/s (the median of TensorBoard's ``perf/steps_per_sec`` after the first 100
+steps, which hold compilation and graph capture) and the training loss every 25 steps. It also
+times the task generator alone over the same steps, the peak GPU memory, and with
+``--roofline`` the step's FLOPs and the bytes it must move (this checkout's code only).
+Prints one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def _scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def generator_ms(cfg, steps: int) -> float:
+    """ms per step that drawing the training batches costs on their own (whatever TrainBatches does)."""
+    from sandbox.tasks import TrainBatches, make_task
+    task = make_task(cfg.task.params, seed=cfg.seed, device="cuda" if torch.cuda.is_available() else "cpu")
+    task.test_hashes()                      # once per run, not per step
+    _sync()
+    t = time.perf_counter()
+    try:
+        batches = TrainBatches(task, cfg.train.batch_size, steps)
+    except TypeError:                       # older code: no pool
+        batches = TrainBatches(task, cfg.train.batch_size)
+    for s in range(steps):
+        batches[s]
+    _sync()
+    return 1e3 * (time.perf_counter() - t) / steps
+
+
+def peaks() -> dict:
+    """Measured ceilings of this GPU: bf16 matrix products and device-to-device copies."""
+    import triton.testing
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = triton.testing.do_bench(lambda: a @ a, warmup=10, rep=50, return_mode="median")
+    flops = 2 * 8192 ** 3 / (ms * 1e-3)
+    x = torch.empty(1 << 29, device="cuda", dtype=torch.float32)       # 2 GiB
+    y = torch.empty_like(x)
+    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=5, rep=30, return_mode="median")
+    return {"bf16_flops": flops, "copy_bytes_per_s": 2 * x.numel() * 4 / (ms * 1e-3)}
+
+
+def roofline(cfg) -> dict:
+    """FLOPs of one eager forward+backward (torch's FLOP counter, with the kernels' own formulas) and the
+    bytes a step must move: every tensor autograd saves, written once and read once, plus AdamW
+    (read parameter, gradient and two moments, write three: 28 bytes per fp32 parameter)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from sandbox.tasks import TrainBatches
+    from sandbox.train import build, scored_positions
+    import torch.nn.functional as F
+
+    task, model = build(cfg, torch.device("cuda"))
+    x, y = TrainBatches(task, cfg.train.batch_size, 1)[0]
+    saved = {}
+
+    def pack(t):
+        saved[(t.data_ptr(), t.dtype, tuple(t.shape))] = t.numel() * t.element_size()
+        return t
+
+    with FlopCounterMode(display=False) as fc, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        pos, yy = scored_positions(y, task.max_targets)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(x, pos)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), yy.flatten(), ignore_index=-100)
+        loss.backward()
+    n_params = sum(p.numel() for p in model.parameters())
+    return {"flops": fc.get_total_flops(), "bytes": 2 * sum(saved.values()) + 28 * n_params, "params": n_params}
+
+
+def profile(cfg, replicas: int, steps: int = 20) -> list[dict]:
+    """GPU time per kernel over ``steps`` replayed steps (after warm-up): the 20 largest, and the total."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from sandbox.config import load_config, to_dict
+    from sandbox.train import Group
+
+    cfgs = [load_config(data=to_dict(cfg)) for _ in range(replicas)]
+    group = Group(cfgs)
+    for s in range(10):
+        group.step(*group.batch(s))
+    _sync()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for s in range(10, 10 + steps):
+            group.step(*group.batch(s))
+        _sync()
+    rows = [{"kernel": e.key[:90], "ms_per_step": e.device_time_total / 1e3 / steps, "calls": e.count / steps}
+            for e in prof.key_averages() if e.device_time_total > 0]
+    rows.sort(key=lambda r: -r["ms_per_step"])
+    total = sum(r["ms_per_step"] for r in rows)
+    return [{"kernel": "TOTAL", "ms_per_step": total, "calls": sum(r["calls"] for r in rows)}] + rows[:20]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("config")
+    p.add_argument("out")
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--roofline", action="store_true")
+    p.add_argument("--profile", action="store_true", help="GPU time per kernel of the step (this checkout only)")
+    a = p.parse_args(argv)
+    from sandbox.config import load_config
+    data = json.loads(Path(a.config).read_text())
+    out = Path(a.out)
+    cfg = load_config(data=data)
+    steps = cfg.train.steps
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    if a.replicas > 1:
+        from sandbox.train import train_replicas
+        cfgs = []
+        for i in range(a.replicas):
+            c = load_config(data=data)
+            c.train.lr = cfg.train.lr * 2.0 ** (i - a.replicas // 2)
+            cfgs.append(c)
+        train_replicas(cfgs, [out / str(i) for i in range(a.replicas)], progress=False)
+        run_dir = out / str(a.replicas // 2)
+    else:
+        from sandbox.train import train
+        train(cfg, out, progress=False)
+        run_dir = out
+    wall = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else None
+    sps = [v for s, v in _scalars(run_dir, "perf/steps_per_sec") if s > 100]
+    res = {"steps_per_sec": statistics.median(sps) if sps else None, "wall_s": wall, "peak_gib": peak,
+           "loss": _scalars(run_dir, "train/loss"), "replicas": a.replicas,
+           "generator_ms": generator_ms(cfg, min(steps, 200))}
+    if a.roofline and cuda:
+        res.update(roofline(cfg), peaks=peaks())
+    if a.profile and cuda:
+        res["profile"] = profile(cfg, a.replicas)
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""``sandbox bench train``: the training-step yardstick.
+
+A fixed set of reference configurations (the papers' settings, batch 256), each trained for a few
+hundred steps in a process of its own (``step_worker.py``), by this checkout and, with ``--ref``,
+by another commit's code in the same call, so every speed claim is a ratio measured side by side.
+For each configuration: ms/step and tokens/s at steady state, the task generator's share of the
+step, peak GPU memory, the roofline (FLOPs and the bytes the step must move, against this GPU's
+measured bf16 matrix rate and copy bandwidth) and how far above it the step runs, and the largest
+relative difference of the training loss from the reference code's over the first 200 steps.
+With ``--replicas R`` the stacked replicas of each configuration are timed as well (trial-steps/s).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+MQAR = {"name": "mqar", "vocab_size": 8192}
+
+
+def _cfg(task: dict, model: dict, **train) -> dict:
+    return {"task": {**MQAR, **task}, "model": {"n_layers": 2, **model},
+            "train": {"batch_size": 256, "lr": 1e-3, **train}}
+
+
+REFERENCE = {
+    "attention_d64_t64": _cfg({"seq_len": 64, "num_kv_pairs": 4},
+                              {"mixer": "attention", "d_model": 64, "positions": "learned", "channel_mixer": "none"}),
+    "gla_d64_t128": _cfg({"seq_len": 128, "num_kv_pairs": 8},
+                         {"mixer": "gla", "d_model": 64, "n_heads": 1, "channel_mixer": "none"}),
+    "gla_d128_t192": _cfg({"seq_len": 192, "num_kv_pairs": 16, "gap": 64},
+                          {"mixer": "gla", "d_model": 128, "n_heads": 2}),
+    "gla_topk8_d128_t192": _cfg({"seq_len": 192, "num_kv_pairs": 16, "gap": 64},
+                                {"mixer": "gla", "d_model": 128, "n_heads": 2, "gla": {"topk": 8}}),
+    "gla_conv4_d128_t256": _cfg({"seq_len": 256, "num_kv_pairs": 16},
+                                {"mixer": "gla", "d_model": 128, "n_heads": 2, "gla": {"conv_size": 4}}),
+    "sse_n4k1_d128_t256": _cfg({"seq_len": 256, "num_kv_pairs": 16},
+                               {"mixer": "sse", "d_model": 128, "n_heads": 2, "sse": {"n": 4, "k": 1}}),
+    "gated_deltanet_d128_t256": _cfg({"seq_len": 256, "num_kv_pairs": 16},
+                                     {"mixer": "gated_deltanet", "d_model": 128, "n_heads": 2}),
+    "gla_d512_t576": _cfg({"seq_len": 576, "num_kv_pairs": 16, "gap": 448},
+                          {"mixer": "gla", "d_model": 512, "n_heads": 2}),
+}
+
+ROOT = Path(__file__).resolve().parents[2]          # this checkout (holds the sandbox package)
+
+
+def ref_code(ref: str) -> Path:
+    """A directory holding another version's ``sandbox`` package: ``ref`` itself if it is one, else
+    a git worktree of that commit (made once, under the system's temp directory)."""
+    if (Path(ref) / "sandbox" / "__init__.py").exists():
+        return Path(ref).resolve()
+    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{ref}^{{commit}}"],
+                         capture_output=True, text=True)
+    if rev.returncode:
+        raise ValueError(f"--ref: {ref!r} is neither a directory with a sandbox package nor a commit here")
+    sha = rev.stdout.strip()
+    path = Path(tempfile.gettempdir()) / f"sandbox-ref-{sha[:12]}"
+    if not (path / "sandbox" / "__init__.py").exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), sha], check=True,
+                       capture_output=True)
+    return path
+
+
+def run_one(code: Path, name: str, data: dict, out: Path, *, replicas: int = 1, roofline: bool = False,
+            profile: bool = False) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(data))
+    cmd = [sys.executable, str(Path(__file__).with_name("step_worker.py")), str(out / "config.json"),
+           str(out / "run"), "--replicas", str(replicas)] + (["--roofline"] if roofline else []) + \
+        (["--profile"] if profile else [])
+    env = dict(os.environ, PYTHONPATH=str(code), PYTHONUNBUFFERED="1")
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(out))
+    (out / "log.txt").write_text(p.stdout + p.stderr)
+    if p.returncode:
+        tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return {"error": f"{name}: exit {p.returncode}: {tail[:300]}"}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def loss_gap(a: list, b: list, upto: int = 200) -> float | None:
+    """Largest |a - b| / |b| over the logged steps <= upto that both runs logged."""
+    bs = dict((s, v) for s, v in b)
+    gaps = [abs(v - bs[s]) / abs(bs[s]) for s, v in a if s <= upto and s in bs and bs[s]]
+    return max(gaps) if gaps else None
+
+
+def summarise(name: str, data: dict, new: dict, ref: dict | None, stacked: dict | None) -> dict:
+    row = {"config": name}
+    if "error" in new:
+        return {**row, "error": new["error"]}
+    tokens = data["train"]["batch_size"] * data["task"]["seq_len"]
+    ms = 1e3 / new["steps_per_sec"]
+    row.update(ms=ms, tokens_per_s=tokens / ms * 1e3, generator_pct=100 * new["generator_ms"] / ms)
+    if new["peak_gib"] is not None:
+        row["peak_gib"] = new["peak_gib"]
+    if "flops" in new:
+        pk = new["peaks"]
+        t_flops, t_bytes = new["flops"] / pk["bf16_flops"] * 1e3, new["bytes"] / pk["copy_bytes_per_s"] * 1e3
+        row.update(flops=new["flops"], bytes=new["bytes"], roofline_ms=max(t_flops, t_bytes),
+                   bound="bytes" if t_bytes > t_flops else "flops", x_roofline=ms / max(t_flops, t_bytes))
+    if ref is not None:
+        if "error" in ref:
+            row["ref_error"] = ref["error"]
+        else:
+            ref_ms = 1e3 / ref["steps_per_sec"]
+            row.update(ref_ms=ref_ms, speedup=ref_ms / ms, ref_generator_pct=100 * ref["generator_ms"] / ref_ms,
+                       ref_peak_gib=ref["peak_gib"], loss_gap_200=loss_gap(new["loss"], ref["loss"]))
+    if stacked is not None and "error" not in stacked:
+        R = stacked["replicas"]
+        row.update(replicas=R, stacked_ms=1e3 / stacked["steps_per_sec"],
+                   trial_steps_per_s=R * stacked["steps_per_sec"], stacked_peak_gib=stacked["peak_gib"])
+        if "speedup" in row:
+            row["stacked_speedup"] = row["trial_steps_per_s"] / ref["steps_per_sec"]
+    elif stacked is not None:
+        row["stacked_error"] = stacked["error"]
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    cols = [("config", "config", "{}"), ("ms", "ms/step", "{:.3f}"), ("tokens_per_s", "Mtok/s", None),
+            ("generator_pct", "gen %", "{:.1f}"), ("peak_gib", "peak GiB", "{:.2f}"),
+            ("roofline_ms", "roofline ms", "{:.3f}"), ("x_roofline", "x roofline", "{:.1f}"),
+            ("ref_ms", "ref ms/step", "{:.3f}"), ("speedup", "speed-up", "{:.2f}"),
+            ("loss_gap_200", "loss gap", "{:.2e}"), ("trial_steps_per_s", "stacked trial-steps/s", "{:.0f}"),
+            ("stacked_speedup", "stacked vs ref", "{:.2f}")]
+    cols = [c for c in cols if any(c[0] in r for r in rows)]
+    lines = ["| " + " | ".join(c[1] for c in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = []
+        for key, _, fmt in cols:
+            v = r.get(key)
+            if v is None:
+                cells.append(r.get("error", "-") if key == "config" else "-")
+            elif key == "tokens_per_s":
+                cells.append(f"{v / 1e6:.1f}")
+            else:
+                cells.append(fmt.format(v))
+        if "error" in r:
+            cells[0] = f"{r['config']}: {r['error']}"
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main_train(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="sandbox bench train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--configs", default=",".join(REFERENCE), help="comma-separated names (default: all): "
+                   + ", ".join(REFERENCE))
+    p.add_argument("--steps", type=int, default=400, help="training steps per configuration (default 400)")
+    p.add_argument("--ref", help="another version to time in the same call: a commit or a checkout directory")
+    p.add_argument("--replicas", type=int, default=0, help="also time R stacked replicas (R learning rates)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key in every configuration, e.g. --set train.compile=false")
+    p.add_argument("--profile", action="store_true", help="also list the GPU time of each kernel of the step")
+    p.add_argument("--out", default="runs/bench_train", help="directory for runs, logs and bench.json/bench.md")
+    a = p.parse_args(argv)
+    names = [n.strip() for n in a.configs.split(",") if n.strip()]
+    unknown = [n for n in names if n not in REFERENCE]
+    if unknown:
+        print(f"sandbox bench train: error: --configs: unknown {unknown}; known: {', '.join(REFERENCE)}",
+              file=sys.stderr)
+        return 2
+    import torch
+    if not torch.cuda.is_available():
+        print("sandbox bench train: error: needs a CUDA GPU", file=sys.stderr)
+        return 1
+    from sandbox.config import parse_override, set_dotted
+    ref = ref_code(a.ref) if a.ref else None
+    out = Path(a.out)
+    rows = []
+    for name in names:
+        data = json.loads(json.dumps(REFERENCE[name]))
+        data["train"].update(steps=a.steps, eval_every=a.steps, log_every=25, early_stop=None)
+        for item in a.set:
+            set_dotted(data, *parse_override(item))
+        new = run_one(ROOT, name, data, out / name / "new", roofline=True, profile=a.profile)
+        old = run_one(ref, name, data, out / name / "ref") if ref else None
+        stacked = run_one(ROOT, name, data, out / name / "stacked", replicas=a.replicas) if a.replicas > 1 else None
+        rows.append(summarise(name, data, new, old, stacked))
+        print(table(rows[-1:]).splitlines()[-1], flush=True)
+        for k in new.get("profile", []):
+            print(f"    {k['ms_per_step']:8.4f} ms  {k['calls']:6.1f}x  {k['kernel']}")
+    gpu = torch.cuda.get_device_name()
+    text = (f"GPU: {gpu}; torch {torch.__version__}; steps {a.steps}; batch 256; ref: {a.ref or '-'}\n\n"
+            + table(rows) + "\n")
+    print("\n" + text)
+    (out / "bench.md").write_text(text)
+    (out / "bench.json").write_text(json.dumps({"gpu": gpu, "torch": torch.__version__, "ref": a.ref,
+                                                "steps": a.steps, "rows": rows}, indent=1))
+    return 1 if any("error" in r for r in rows) else 0

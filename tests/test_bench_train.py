@@ -1,0 +1,33 @@
+"""The training-step yardstick's harness on the CPU: one worker process per version, side by side."""
+import pytest
+
+from sandbox.bench.train import ROOT, loss_gap, ref_code, run_one, summarise, table
+
+TINY = {"task": {"name": "mqar", "seq_len": 32, "num_kv_pairs": 4, "vocab_size": 64, "test_examples": 32},
+        "model": {"mixer": "gla", "d_model": 32, "n_layers": 2, "n_heads": 2, "channel_mixer": "none"},
+        "train": {"steps": 150, "batch_size": 8, "lr": 3e-3, "eval_every": 150, "log_every": 25,
+                  "early_stop": None, "device": "cpu", "eval_batch_size": 32}}
+
+
+def test_the_same_code_side_by_side_gives_the_same_losses(tmp_path):
+    assert ref_code(str(ROOT)) == ROOT
+    new = run_one(ROOT, "tiny", TINY, tmp_path / "new")
+    old = run_one(ref_code(str(ROOT)), "tiny", TINY, tmp_path / "ref")
+    assert "error" not in new, new
+    assert new["steps_per_sec"] > 0 and new["generator_ms"] > 0
+    assert [s for s, _ in new["loss"]] == [25, 50, 75, 100, 125, 150]
+    assert loss_gap(new["loss"], old["loss"]) == 0.0          # CPU, same code, same seed: same bits
+    row = summarise("tiny", TINY, new, old, None)
+    assert row["speedup"] == pytest.approx(old["steps_per_sec"] and (1e3 / old["steps_per_sec"]) / row["ms"])
+    assert "| tiny |" in table([row])
+
+
+def test_a_bad_configuration_is_one_line_naming_it(tmp_path):
+    bad = {**TINY, "model": {**TINY["model"], "mixer": "no_such_mixer"}}
+    res = run_one(ROOT, "bad", bad, tmp_path)
+    assert res["error"].startswith("bad: exit")
+
+
+def test_loss_gap_is_relative_and_only_over_common_steps():
+    assert loss_gap([(25, 2.0), (50, 1.0), (300, 9.0)], [(25, 2.0), (50, 0.5)]) == 1.0
+    assert loss_gap([(25, 2.0)], [(50, 2.0)]) is None
