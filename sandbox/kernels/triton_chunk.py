@@ -28,6 +28,7 @@ Partial sums over K tiles of the scalar gate's dg go to an fp32 buffer that torc
 from __future__ import annotations
 
 import torch
+import torch.utils.flop_counter
 import triton
 import triton.language as tl
 
@@ -370,3 +371,19 @@ def chunk_gla(q, k, v, g=None, *, scale=1.0, initial_state=None, output_final_st
     o, ht = torch.ops.sandbox.chunk_gla_fwd(q, k, v, g, initial_state, cu_seqlens, float(scale),
                                             bool(output_final_state))[:2]
     return o, ht if output_final_state else None
+
+
+def _flops_fwd(B, T, H, K, V):
+    """Multiply-adds x 2 of the forward: the masked intra-chunk products (Q K^T, A V, computed in full), the
+    state update k^T v and the output q S."""
+    return 2 * B * T * H * (BT * (K + V) + 2 * K * V)
+
+
+@torch.utils.flop_counter.register_flop_formula(torch.ops.sandbox.chunk_gla_fwd)
+def _fwd_flop_formula(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    return _flops_fwd(*q_shape, v_shape[-1])
+
+
+@torch.utils.flop_counter.register_flop_formula(torch.ops.sandbox.chunk_gla_bwd)
+def _bwd_flop_formula(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * _flops_fwd(*q_shape, v_shape[-1])       # dA, dq and dk intra, dv intra, and three state products

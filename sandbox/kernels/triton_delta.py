@@ -18,6 +18,7 @@ Head dims K, V up to 256 (one program holds all K rows of a V tile of the state)
 from __future__ import annotations
 
 import torch
+import torch.utils.flop_counter
 import triton
 import triton.language as tl
 
@@ -332,3 +333,21 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=1.0, initial_state=None, ou
     pos.scatter_(0, torch.where(valid, idx, TT).reshape(-1), torch.arange(NC * C, device=q.device))
     o = o.permute(0, 2, 1, 3).reshape(NC * C, H, V)[pos[:TT]]
     return o.view(B, T, H, V).to(v.dtype), ht if output_final_state else None
+
+
+def _scan_flops(qg_shape, u_shape) -> int:
+    """Multiply-adds x 2 of the scan's forward per chunk: W S, U - W S, q S, A_qk v, k^T v."""
+    NC, H, Cn, K = qg_shape
+    V = u_shape[-1]
+    return 2 * NC * H * Cn * (3 * K * V + Cn * V + K * V)
+
+
+@torch.utils.flop_counter.register_flop_formula(torch.ops.sandbox.delta_scan_fwd)
+def _scan_fwd_flop_formula(qg_shape, kl_shape, w_shape, u_shape, *args, out_shape=None, **kwargs) -> int:
+    return _scan_flops(qg_shape, u_shape)
+
+
+@torch.utils.flop_counter.register_flop_formula(torch.ops.sandbox.delta_scan_bwd)
+def _scan_bwd_flop_formula(qg_shape, kl_shape, w_shape, aqk_shape, el_shape, hs_shape, vn_shape, *args,
+                           out_shape=None, **kwargs) -> int:
+    return 2 * _scan_flops(qg_shape, vn_shape)
