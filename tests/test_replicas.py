@@ -130,3 +130,12 @@ def test_stacked_replicas_follow_solo_runs_on_the_gpu(tmp_path, model):
         a, b = losses(tmp_path / "stacked" / str(i)), losses(tmp_path / "solo" / str(i))
         assert len(a) == len(b) == 8
         assert a == pytest.approx(b, rel=2e-2), (i, a, b)
+
+
+def test_the_device_schedule_is_the_python_one():
+    from sandbox.train.step import lr_factor, lr_lambda
+
+    for steps, warm in ((100, 0.05), (37, 0.0), (10, 0.5)):
+        f = lr_lambda(steps, warm)
+        got = lr_factor(torch.arange(steps + 1, dtype=torch.float64), steps, warm)
+        assert got.tolist() == pytest.approx([f(s) for s in range(steps + 1)], abs=1e-15)

@@ -6,10 +6,11 @@ forward and ``torch.func.vmap`` runs the model once over all of them: every matr
 a batched one and the recurrence kernels see one batch of R * B sequences (their custom ops fold
 the replicas in). The backward of the summed losses gives every replica its own gradients. Each
 replica's gradients are clipped on their own and its AdamW (fused, with the learning rate as a
-device tensor) steps it; the learning-rate schedule is computed on the device from a step counter.
+device tensor) steps it.
 
 So a whole step - forward, backward, clipping, optimizer, schedule and the running loss - is
-device work with no host read, and on CUDA it is captured once as a graph and replayed:
+device work with no host read (the learning rates are a table indexed by a step counter on the
+device), and on CUDA it is captured once as a graph and replayed:
 the host only copies the batch in and launches the graph. The sandbox's models are small, so
 this removes what used to set the pace (Python, autograd and a few hundred kernel launches).
 
@@ -47,7 +48,7 @@ def lr_lambda(steps: int, warmup_frac: float) -> Callable[[int], float]:
 
 
 def lr_factor(step: torch.Tensor, steps: int, warmup_frac: float) -> torch.Tensor:
-    """``lr_lambda`` on the device: the factor of the step counter ``step`` (float64 scalar tensor)."""
+    """``lr_lambda`` over a tensor of steps (float64)."""
     warmup = int(warmup_frac * steps)
     cosine = 0.5 * (1 + torch.cos(math.pi * ((step - warmup) / max(1, steps - warmup)).clamp(max=1.0)))
     if warmup == 0:
@@ -84,10 +85,13 @@ class Step:
         p0 = next(models[0].parameters())
         self.device = p0.device
         cuda = self.device.type == "cuda"
-        self.base_lr = torch.tensor([c.lr for c in train_cfgs], dtype=torch.float64, device=self.device)
-        self.active = torch.ones(self.R, dtype=torch.float64, device=self.device)
-        self.counter = torch.zeros((), dtype=torch.float64, device=self.device)     # the step being taken
-        self.lrs = [torch.tensor(c.lr, dtype=torch.float32, device=self.device) for c in train_cfgs]
+        # the learning rate of every replica at every step, looked up on the device by the step counter
+        factor = lr_factor(torch.arange(self.steps + 1, dtype=torch.float64), self.steps, self.warmup_frac)
+        self.lr_table = (torch.tensor([c.lr for c in train_cfgs], dtype=torch.float64)[:, None] * factor[None, :]
+                         ).float().to(self.device)                           # [R, steps + 1]
+        self.counter = torch.zeros(1, dtype=torch.int64, device=self.device)   # the step being taken
+        self.lr = torch.zeros(self.R, dtype=torch.float32, device=self.device)
+        self.lrs = list(self.lr.unbind())          # 0-dim views, one per replica's AdamW
         self.opts = []
         for m, c, lr in zip(models, train_cfgs, self.lrs):
             decay = [p for p in m.parameters() if p.dim() >= 2]
@@ -108,14 +112,14 @@ class Step:
     # -- state that lives outside the graph ------------------------------------------------------
     def start_at(self, step: int) -> None:
         """Continue a run at ``step`` (after loading the replicas' checkpoints)."""
-        self.counter.fill_(step)
+        self.counter.fill_(min(step, self.steps))
         for opt, lr in zip(self.opts, self.lrs):     # a loaded state dict brings its own lr objects
             for group in opt.param_groups:
                 group["lr"] = lr
 
     def freeze(self, r: int) -> None:
         """Replica r trains no further (its learning rate is zero from the next step)."""
-        self.active[r] = 0.0
+        self.lr_table[r] = 0.0
 
     # -- the step --------------------------------------------------------------------------------
     def _loss(self, model_call, x, y):
@@ -143,7 +147,11 @@ class Step:
             return self._loss(call, x, y)
 
         dim = 0 if x.dim() == 3 else None
-        total, loss = torch.func.vmap(one, in_dims=(0, 0, dim, dim))(params, buffers, x, y)
+        # vmap has no batching rule for the fused attention kernels: it runs them once per replica,
+        # which cuDNN's kernel does not support (optional outputs); flash and memory-efficient do
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            total, loss = torch.func.vmap(one, in_dims=(0, 0, dim, dim))(params, buffers, x, y)
         return total.sum(), loss
 
     def _step(self, x, y) -> None:
@@ -152,13 +160,12 @@ class Step:
         total, loss = self.forward(x, y)
         total.backward()
         self.loss_sum += loss.detach()
-        factor = lr_factor(self.counter, self.steps, self.warmup_frac)
+        self.lr.copy_(self.lr_table.index_select(1, self.counter)[:, 0])
         for r, (m, opt) in enumerate(zip(self.models, self.opts)):
             if self.clip[r] > 0:
                 torch.nn.utils.clip_grad_norm_(m.parameters(), self.clip[r], foreach=True)
-            self.lrs[r].copy_(self.base_lr[r] * factor * self.active[r])
             opt.step()
-        self.counter += 1
+        self.counter.add_(1).clamp_(max=self.steps)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
         self.calls += 1
