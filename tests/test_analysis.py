@@ -247,6 +247,29 @@ def test_plot_best_over_lr_then_mean_over_seeds(tmp_path):
     assert main(["plot", str(tmp_path), "--x", "model.width"]) == 2          # one-line error
 
 
+def test_categorical_x_is_not_joined_by_lines_and_titles_fit(tmp_path):
+    """Mixer names on x are categories: markers with error bars side by side, no line from one name to
+    the next; a long title wraps inside the figure instead of running past its edges."""
+    from sandbox.analysis.plot_sweep import aggregate, draw, load_rows
+
+    _fake_sweep(tmp_path)
+    rows, _ = load_rows(tmp_path)
+    points, tuned = aggregate(rows, "best_accuracy", ["model.d_model", "model.mixer"])
+    fig = draw(points, ["model.d_model", "model.mixer"], "model.mixer", "best_accuracy", tuned,
+               hue="model.d_model")
+    ax = fig.axes[0]
+    joined = [line for line in ax.lines if line.get_linestyle() not in ("None", "", " ") and len(line.get_xdata()) > 1]
+    assert not joined
+    xs = sorted({round(float(x), 3) for line in ax.lines if line.get_marker() == "o" for x in line.get_xdata()})
+    assert len(xs) == 4 and xs[0] < 0 < xs[1] < 1 < xs[3]            # two hues dodged around each of 2 names
+    numeric = draw(points, ["model.mixer", "model.d_model"], "model.d_model", "best_accuracy", tuned,
+                   hue="model.mixer")
+    assert any(len(line.get_xdata()) == 2 for line in numeric.axes[0].lines)      # numbers are joined
+    fig.canvas.draw()
+    box = fig._suptitle.get_window_extent(fig.canvas.get_renderer())
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.x1, "the title runs past the figure's edges"
+
+
 # ---- smoke: a tiny trained run through the CLI ----------------------------------------------------
 
 TINY = {"task": {"name": "mqar", "seq_len": 32, "num_kv_pairs": 4, "vocab_size": 32, "test_examples": 64},

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from sandbox.analysis.plots import save, suptitle
 from sandbox.config import flatten
 
 RESULT_FIELDS = ("status", "error", "final_accuracy", "best_accuracy", "best_step", "steps", "wall_time_s",
@@ -156,10 +157,7 @@ def _filter(rows: list[dict], where: list[str]) -> list[dict]:
 def plot_sweep(sweep_dir, x: str, y: str = "test/accuracy", hue: str | None = None, col: str | None = None,
                heatmap: str | None = None, spread: str = "minmax", out=None, where=(), log=print) -> dict:
     """Draw curves (or heatmaps) and print the table; returns the aggregated points."""
-    import matplotlib
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     if spread not in ("minmax", "std"):
         raise ValueError(f"spread: must be minmax or std, got {spread!r}")
@@ -185,11 +183,31 @@ def plot_sweep(sweep_dir, x: str, y: str = "test/accuracy", hue: str | None = No
     for r in table:
         log("  ".join(c.ljust(w) for c, w in zip(r, widths)))
 
+    fig = draw(points, axes, x, ycol, tuned, hue=hue, col=col, heatmap=heatmap, spread=spread)
+    if out is None:
+        name = f"{_slug(ycol)}_vs_{_slug(x)}" + (f"_by_{_slug(heatmap)}" if heatmap else "") \
+               + (f"_hue_{_slug(hue)}" if hue else "") + (f"_col_{_slug(col)}" if col else "")
+        out = Path(sweep_dir) / "plots" / f"{name}.png"
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save(fig, out)
+    plt.close(fig)
+    log(f"wrote {out}")
+    return {"points": points, "tuned": tuned, "y": ycol, "path": str(out)}
+
+
+def draw(points: dict, axes: list[str], x: str, ycol: str, tuned: list[str], *, hue=None, col=None, heatmap=None,
+         spread: str = "minmax"):
+    """The figure of aggregated points: one panel per ``col`` value; a line per ``hue`` value over a
+    numeric x, or markers with error bars (side by side, not joined) over categories such as mixer
+    names; or a heatmap of ``heatmap`` against x."""
+    import numpy as np
+    import matplotlib.pyplot as plt
+
     def values_of(i):
         return sorted({k[i] for k in points}, key=_key)
 
-    ci = 0 if col else None
-    panels = values_of(ci) if col else [None]
+    panels = values_of(0) if col else [None]
     xs = values_of(len(axes) - 1)
     numeric_x = all(_number(v) is not None for v in xs)
     fig, axs = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + (1 if heatmap else 0), 3.8),
@@ -214,17 +232,23 @@ def plot_sweep(sweep_dir, x: str, y: str = "test/accuracy", hue: str | None = No
             fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03).set_label(ycol)
         else:
             hues = values_of(axes.index(hue)) if hue else [None]
-            for hv in hues:
+            for j, hv in enumerate(hues):
                 line = sorted(((k[-1], s) for k, s in sub.items() if not hue or k[axes.index(hue)] == hv),
                               key=lambda t: _key(t[0]))
                 if not line:
                     continue
-                px = [_number(v) if numeric_x else xs.index(v) for v, _ in line]
                 m = np.array([s["mean"] for _, s in line])
                 lo = np.array([s["min"] if spread == "minmax" else s["mean"] - s["std"] for _, s in line])
                 hi_ = np.array([s["max"] if spread == "minmax" else s["mean"] + s["std"] for _, s in line])
-                ax.plot(px, m, marker="o", ms=4, label=str(hv) if hue else None)
-                ax.fill_between(px, lo, hi_, alpha=0.2)
+                label = str(hv) if hue else None
+                if numeric_x:
+                    px = [_number(v) for v, _ in line]
+                    ax.plot(px, m, marker="o", ms=4, label=label)
+                    ax.fill_between(px, lo, hi_, alpha=0.2)
+                else:       # categories: nothing lies between two of them, so no line joins them
+                    dodge = (j - (len(hues) - 1) / 2) * min(0.15, 0.6 / len(hues))
+                    px = [xs.index(v) + dodge for v, _ in line]
+                    ax.errorbar(px, m, yerr=[m - lo, hi_ - m], fmt="o", ms=4, capsize=3, label=label)
             if numeric_x:
                 nx = [_number(v) for v in xs]
                 if min(nx) > 0 and max(nx) / min(nx) >= 8:
@@ -232,7 +256,8 @@ def plot_sweep(sweep_dir, x: str, y: str = "test/accuracy", hue: str | None = No
                 ax.set_xticks(nx, [str(v) for v in xs])
                 ax.minorticks_off()
             else:
-                ax.set_xticks(range(len(xs)), [str(v) for v in xs])
+                ax.set_xticks(range(len(xs)), [str(v) for v in xs], rotation=30 if len(xs) > 4 else 0)
+                ax.set_xlim(-0.5, len(xs) - 0.5)
             ax.set_ylabel(ycol)
             ax.grid(alpha=0.3)
             if hue:
@@ -241,16 +266,7 @@ def plot_sweep(sweep_dir, x: str, y: str = "test/accuracy", hue: str | None = No
         if col:
             ax.set_title(f"{col} = {pv}", fontsize=9)
     band = "min..max" if spread == "minmax" else "±1 std"
-    fig.suptitle(f"{ycol}: best over {', '.join(tuned) or 'trials'} per seed; mean"
-                 + ("" if heatmap else f" and {band}") + " over seeds", fontsize=9)
+    suptitle(fig, f"{ycol}: best over {', '.join(tuned) or 'trials'} per seed; mean"
+             + ("" if heatmap else f" and {band}") + " over seeds", fontsize=9)
     fig.tight_layout()
-    if out is None:
-        name = f"{_slug(ycol)}_vs_{_slug(x)}" + (f"_by_{_slug(heatmap)}" if heatmap else "") \
-               + (f"_hue_{_slug(hue)}" if hue else "") + (f"_col_{_slug(col)}" if col else "")
-        out = Path(sweep_dir) / "plots" / f"{name}.png"
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    log(f"wrote {out}")
-    return {"points": points, "tuned": tuned, "y": ycol, "path": str(out)}
+    return fig

@@ -12,6 +12,18 @@ import torch  # noqa: E402
 DPI = 90
 
 
+def suptitle(fig: plt.Figure, text: str, fontsize: float = 10) -> None:
+    """A figure title wrapped to the figure's width, so no line runs past its edges."""
+    import textwrap
+    chars = max(20, int(fig.get_figwidth() * 72 / (0.6 * fontsize)))
+    fig.suptitle(textwrap.fill(text, chars), fontsize=fontsize)
+
+
+def save(fig: plt.Figure, path) -> None:
+    """Saved with every title and label inside the picture (the box is fitted to them)."""
+    fig.savefig(path, bbox_inches="tight", pad_inches=0.1)
+
+
 def _grid(rows: int, cols: int, w: float = 3.4, h: float = 3.0):
     fig, axes = plt.subplots(rows, cols, figsize=(w * cols, h * rows), squeeze=False, dpi=DPI)
     return fig, axes
@@ -45,7 +57,7 @@ def clustering(panels: dict, method: str) -> plt.Figure:
         ax.set_yticks([])
         bar = fig.colorbar(sc, ax=ax, fraction=0.046, pad=0.02, ticks=range(K) if K <= 20 else None)
         bar.ax.tick_params(labelsize=7)
-    fig.suptitle(f"value vectors by {method}; colour = state row of the largest key entry", fontsize=10)
+    suptitle(fig, f"value vectors by {method}; colour = state row of the largest key entry")
     fig.tight_layout()
     return fig
 
@@ -60,7 +72,7 @@ def similarity(panels: dict) -> plt.Figure:
         ax.set_xlabel("state row", fontsize=8)
         ax.set_ylabel("state row", fontsize=8)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
-    fig.suptitle("row-wise |cosine similarity| of the final state (blank: row never written)", fontsize=10)
+    suptitle(fig, "row-wise |cosine similarity| of the final state (blank: row never written)")
     fig.tight_layout()
     return fig
 

@@ -193,8 +193,9 @@ def inspect_run(run_dir, layer: int | None = None, batches: int = 4, batch_size:
     out_dir = Path(out) if out is not None else run.run_dir / "inspect"
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = _figures(panels, embed)
+    from sandbox.analysis import plots
     for name, fig in figs.items():
-        fig.savefig(out_dir / f"{name}.png")
+        plots.save(fig, out_dir / f"{name}.png")
     md = _markdown(run, numbers, figs, notes, batches, batch_size)
     (out_dir / "inspect.md").write_text(md)
     summary = {"run_dir": str(run.run_dir), "step": run.step, "layers": {str(l): n for l, n in numbers.items()},
