@@ -111,6 +111,19 @@ def profile(cfg, replicas: int, steps: int = 20) -> list[dict]:
         for s in range(10, 10 + steps):
             group.step(*group.batch(s))
         _sync()
+    rows = _top(prof, steps)
+    # and the generator: drawing the batches of 64 steps
+    task, B = group.tasks[0], cfgs[0].train.batch_size
+    task.sample(B, "train", 0, count=64)
+    _sync()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        task.sample(B, "train", 0, count=64)
+        _sync()
+    return rows + [{"kernel": "GENERATOR (per step, drawn 64 steps at a time)", "ms_per_step": 0, "calls": 0}] \
+        + _top(prof, 64)[:8]
+
+
+def _top(prof, steps: int) -> list[dict]:
     rows = [{"kernel": e.key[:90], "ms_per_step": e.device_time_total / 1e3 / steps, "calls": e.count / steps}
             for e in prof.key_averages() if e.device_time_total > 0]
     rows.sort(key=lambda r: -r["ms_per_step"])
