@@ -7,7 +7,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from sandbox.config import ModelConfig
-from sandbox.kernels.embedding import embedding
 from sandbox.mixers import Mixer, MixerContext, build_mixer
 
 
@@ -79,7 +78,7 @@ class LanguageModel(nn.Module):
         """Logits ``[B, T, vocab]``, or ``[B, P, vocab]`` at ``positions`` (int64 ``[B, P]``) only:
         the head is the largest matrix product at an 8192 vocabulary, and recall tasks score
         a few positions per sequence."""
-        x = embedding(self.embed.weight, tokens)
+        x = self.embed(tokens)
         if self.pos is not None:
             x = x + self.pos.weight[: tokens.shape[1]]
         for block in self.blocks:

@@ -90,28 +90,3 @@ def test_vmap_of_the_delta_rule_equals_one_call_each():
         for a, b in zip(leaves, one):
             torch.testing.assert_close(a.grad[r], b.grad, atol=1e-5, rtol=1e-5)
 
-
-def test_embedding_op_passes_opcheck_and_vmaps_over_replicas():
-    from sandbox.kernels.embedding import embedding
-
-    g_ = torch.Generator().manual_seed(0)
-    w = torch.randn(11, 5, generator=g_, dtype=torch.float64, requires_grad=True)
-    tok = torch.tensor([[0, 0, 3, 10], [0, 7, 0, 0]])           # repeated rows, as the filler token is
-    torch.library.opcheck(torch.ops.sandbox.embedding.default, (w, tok))
-    gout = torch.randn(2, 4, 5, generator=g_, dtype=torch.float64)
-    (embedding(w, tok) * gout).sum().backward()
-    want = torch.zeros(11, 5, dtype=torch.float64).index_add_(0, tok.flatten(), gout.reshape(-1, 5))
-    torch.testing.assert_close(w.grad, want)
-    R = 3
-    ws = torch.randn(R, 11, 5, generator=g_, dtype=torch.float64, requires_grad=True)
-    toks = torch.randint(0, 11, (R, 2, 4), generator=g_)
-    for td, t in ((0, toks), (None, tok)):
-        out = torch.func.vmap(embedding, in_dims=(0, td))(ws, t)
-        gout = torch.randn(R, 2, 4, 5, generator=g_, dtype=torch.float64)
-        ws.grad = None
-        (out * gout).sum().backward()
-        for r in range(R):
-            tr = t[r] if td == 0 else t
-            torch.testing.assert_close(out[r], ws[r][tr])
-            want = torch.zeros(11, 5, dtype=torch.float64).index_add_(0, tr.flatten(), gout[r].reshape(-1, 5))
-            torch.testing.assert_close(ws.grad[r], want)

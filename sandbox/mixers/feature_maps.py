@@ -33,7 +33,7 @@ def softmax_topk(logits: torch.Tensor, k: int):
     if not 1 <= k <= c:
         raise ValueError(f"topk must be in [1, {c}] (the key dimension), got {k}")
     idx = logits.topk(k, dim=-1).indices
-    mask = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, idx, True)
+    mask = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, idx, True)   # out of place: vmap batches it
     keys = logits.masked_fill(~mask, float("-inf")).softmax(dim=-1)
     return keys, idx, mask
 
