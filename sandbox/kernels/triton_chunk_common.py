@@ -158,11 +158,21 @@ def _par_tiles(K: int, V: int):
 
 
 def _bwd_tiles(K: int, V: int):
-    """K and V tiles of the backward gradient kernel (launched with 4 warps): the state tiles.  H200,
-    (64,512,2,256): 0.47 ms with 4 warps against 0.51 with 8.  32-wide K tiles ran 1% faster (0.463 ms)
-    but failed the bf16 strong-decay check on the H200 under triton 3.6 in session 5 (NaN in dq, dk, dg;
-    correct in the interpreter and in fp32; benchmarks/bwd_tiles_check.py), so they are not used."""
-    return _par_tiles(K, V)
+    """K and V tiles of the backward gradient kernel (launched with 4 warps): the state tiles, with the V
+    tile never wider than the K tile.  H200, (64,512,2,256): 0.47 ms with 4 warps against 0.51 with 8.
+
+    Issue 21: with bf16 inputs, Triton 3.6 on Hopper miscompiles ``_bwd_chunk`` with BV > BK (seen on an
+    H100; the issue's NaN was on an H200 with the same Triton).  compute-sanitizer reports an out-of-range
+    shared-memory address in the K-tile branch (the ``qe`` line of the one-product intra part); dq and dg
+    come out wrong (relative error 0.6-1.6), NaN or +-3e38, or the launch faults with an illegal address;
+    dk, dv, fp32 inputs and the interpreter are right.  GLA's K is V / 2, so every GLA head with K < 64 had
+    BV > BK: (16, 32) at d_model 64 with 2 heads gave a NaN loss in the first steps, and (32, 64) at
+    d_model 128 trained on a dq off by 70%.  The 32 x 64 tiles that failed the strong-decay check at
+    K = V = 128 in session 5 were the same case.  On an H100: 16 x 32, 16 x 64 and 32 x 64 failed;
+    16 x 16, 32 x 32, 64 x 64, 32 x 16 and 64 x 32 passed (benchmarks/issue21_tiles.py reruns the matrix;
+    tests/test_nan_regression.py checks the GLA head shapes on a GPU)."""
+    bk, bv = _par_tiles(K, V)
+    return bk, min(bv, bk)
 
 
 # ----------------------------------------------------------------------------- the sequential pass

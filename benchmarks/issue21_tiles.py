@@ -1,0 +1,89 @@
+"""Issue 21: the GLA gradient kernel's (K tile, V tile) choices on the GPU, bf16, against the float64 torch
+chunked form, one case per process (a miscompiled case can fault with an illegal address, which ends the
+CUDA context).  Triton 3.6 on Hopper miscompiled ``_bwd_chunk`` whenever BV > BK (4 warps): dq and dg wrong,
+NaN or +-3e38, or an illegal address; ``_bwd_tiles`` now keeps BV <= BK.  Rerun this after a Triton upgrade
+(a case that forces BV > BK shows whether the compiler still needs the rule).
+
+    python benchmarks/issue21_tiles.py                      # the matrix below, one line per case
+    python benchmarks/issue21_tiles.py 16 32 16 32 4 diag 8 320   # one case: K V BK BV WARPS GATE B T
+    (BK = BV = 0: the tiles _bwd_tiles picks; WARPS = 0: the launch's own; GATE none|scalar|diag|strong|vstrong)
+"""
+import json
+import subprocess
+import sys
+
+MATRIX = [
+    # forced tiles with BV > BK: failed on an H100 before the fix (wrong dq, NaN, illegal address)
+    "16 32 16 32 0 diag 8 320", "16 64 16 64 0 diag 8 320", "32 64 32 64 0 diag 8 320",
+    # what _bwd_tiles picks now, every gate, weak and strong decay, GLA head shapes (K = V / 2) and K = V
+    "16 32 0 0 0 diag 64 320", "16 32 0 0 0 scalar 8 320", "16 32 0 0 0 none 8 320", "16 32 0 0 0 strong 8 320",
+    "16 32 0 0 0 vstrong 8 320", "16 64 0 0 0 diag 8 320", "32 64 0 0 0 diag 8 320", "32 64 0 0 0 vstrong 8 320",
+    "64 128 0 0 0 strong 8 320", "128 256 0 0 0 diag 4 320", "128 128 0 0 0 vstrong 8 320", "20 40 0 0 0 strong 4 200",
+]
+
+
+def one(argv):
+    import torch
+    import torch.nn.functional as F
+
+    import sandbox.kernels.triton_chunk_bwd as tcb
+    from sandbox.kernels import linear_recurrence
+
+    K, V, BK, BV, W = (int(x) for x in argv[:5])
+    gate, B, T = argv[5], int(argv[6]), int(argv[7])
+    H = 2
+    if BK:
+        tcb._bwd_tiles = lambda K_, V_: (BK, BV)
+    if W:
+        fn = tcb._bwd_chunk
+
+        class Warps:
+            def __getitem__(self, grid):
+                launch = fn[grid]
+                return lambda *x, **kw: launch(*x, **{**kw, "num_warps": W})
+        tcb._bwd_chunk = Warps()
+    tiles = tcb._bwd_tiles(K, V)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = torch.randn(B, T, H, K, generator=gen).softmax(-1)
+    v = torch.randn(B, T, H, V, generator=gen)
+    g = F.logsigmoid(torch.randn(B, T, H, K, generator=gen)) / 16
+    if gate in ("strong", "vstrong"):  # chunks past exp(40) (mixed paths), or 16-row blocks past it (exact path)
+        g = F.logsigmoid(torch.randn(B, T, H, K, generator=gen) * 2 - (1 if gate == "strong" else 4))
+    g = None if gate == "none" else (g[..., 0] if gate == "scalar" else g)
+    do = torch.randn(B, T, H, V, generator=gen).cuda()
+    res = {"case": " ".join(argv), "tiles": tiles}
+    for name, dO in (("rel_err", do), ("zero_dO_maxabs", torch.zeros_like(do))):
+        ins = [t.cuda().bfloat16().requires_grad_() for t in (q, k, v)]
+        ins += [g.cuda().requires_grad_()] if g is not None else []
+        o, _ = linear_recurrence(*ins[:3], ins[3] if g is not None else None, scale=K ** -0.5, impl="triton")
+        (o.float() * dO).sum().backward()
+        ref = [t.detach().double().requires_grad_() for t in ins]
+        ro, _ = linear_recurrence(*ref[:3], ref[3] if g is not None else None, scale=K ** -0.5, impl="torch")
+        (ro * dO.double()).sum().backward()
+        r = {}
+        for n, a, b in zip("qkvg", ins, ref):
+            bad = int((~torch.isfinite(a.grad)).sum())
+            if name == "rel_err":
+                err = float((a.grad.double() - b.grad).norm() / b.grad.norm().clamp_min(1e-30))
+            else:
+                err = float(a.grad.abs().max())
+            r["d" + n] = f"{err:.2g}" + (f" ({bad} non-finite)" if bad else "")
+        res[name] = r
+    errs = [float(x.split()[0]) for x in res["rel_err"].values()]
+    res["ok"] = all(e <= 3e-2 for e in errs) and all(float(x.split()[0]) == 0 for x in res["zero_dO_maxabs"].values())
+    print(json.dumps(res), flush=True)
+
+
+def main():
+    if len(sys.argv) > 1:
+        return one(sys.argv[1:])
+    for case in MATRIX:
+        p = subprocess.run([sys.executable, __file__, *case.split()], capture_output=True, text=True, timeout=300)
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+        print(lines[-1] if lines else json.dumps({"case": case, "ok": False, "error": (p.stderr.strip().splitlines()
+                                                                                      or ["?"])[-1][:200]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
