@@ -1,11 +1,11 @@
-"""Issue 21: the GLA gradient kernel's (K tile, V tile) choices on the GPU, bf16, against the float64 torch
+"""The GLA gradient kernel's (K tile, V tile) choices on the GPU, bf16, against the float64 torch
 chunked form, one case per process (a miscompiled case can fault with an illegal address, which ends the
 CUDA context).  Triton 3.6 on Hopper miscompiled ``_bwd_chunk`` whenever BV > BK (4 warps): dq and dg wrong,
 NaN or +-3e38, or an illegal address; ``_bwd_tiles`` now keeps BV <= BK.  Rerun this after a Triton upgrade
 (a case that forces BV > BK shows whether the compiler still needs the rule).
 
-    python benchmarks/issue21_tiles.py                      # the matrix below, one line per case
-    python benchmarks/issue21_tiles.py 16 32 16 32 4 diag 8 320   # one case: K V BK BV WARPS GATE B T
+    python benchmarks/gla_bwd_tiles.py                      # the matrix below, one line per case
+    python benchmarks/gla_bwd_tiles.py 16 32 16 32 4 diag 8 320   # one case: K V BK BV WARPS GATE B T
     (BK = BV = 0: the tiles _bwd_tiles picks; WARPS = 0: the launch's own; GATE none|scalar|diag|strong|vstrong)
 """
 import json

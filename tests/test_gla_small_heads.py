@@ -1,4 +1,4 @@
-"""Issue 21: GLA at d_model 64 with 2 heads, top-k 4 and conv 4 (MQAR, gap 192, T 320, batch 256, bf16 on the
+"""GLA at d_model 64 with 2 heads, top-k 4 and conv 4 (MQAR, gap 192, T 320, batch 256, bf16 on the
 H200) gave a NaN loss within the first 25 steps, at any learning rate.
 
 Cause: GLA's heads have K = V / 2 (expand_k 0.5), here K = 16 and V = 32, and the backward gradient kernel
@@ -11,7 +11,7 @@ tile no wider than its K tile (``_bwd_tiles``).
 
 On the CPU these tests run the kernels through TRITON_INTERPRET=1 (which cannot show a miscompile): the tile
 rule, and the recurrence at the issue's head shape against the float64 loop.  On a GPU run this file alone
-(``python -m pytest -q tests/test_nan_regression.py``, without TRITON_INTERPRET) for the bf16 checks.
+(``python -m pytest -q tests/test_gla_small_heads.py``, without TRITON_INTERPRET) for the bf16 checks.
 """
 import os
 
@@ -102,7 +102,7 @@ def test_topk_gla_backward_bf16_gpu(K, V):
 
 
 @pytest.mark.skipif(not COMPILED, reason="needs a CUDA GPU with compiled Triton kernels (the miscompile is there)")
-def test_issue21_model_gradients_finite_and_match_torch_gpu():
+def test_gla_d64_topk_model_gradients_finite_and_match_torch_gpu():
     """The issue's model (GLA d_model 64, 2 heads, top-k 4, conv 4, SwiGLU) on its task, one bf16 step: the
     Triton kernels give finite gradients (before the fix: NaN from the first step) that agree with the torch
     chunked form."""
@@ -120,7 +120,7 @@ def test_issue21_model_gradients_finite_and_match_torch_gpu():
                 "train": {"steps": 3000, "batch_size": 64, "lr": 1.0e-3}}
     grads = {}
     with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "issue21.yaml"
+        path = Path(d) / "gla_d64_topk.yaml"
         path.write_text(yaml.safe_dump(cfg_dict))
         for impl in ("triton", "torch"):
             cfg = load_config(path, [f"model.gla.impl={impl}", "train.device=cuda"])

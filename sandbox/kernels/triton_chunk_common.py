@@ -169,8 +169,8 @@ def _bwd_tiles(K: int, V: int):
     BV > BK: (16, 32) at d_model 64 with 2 heads gave a NaN loss in the first steps, and (32, 64) at
     d_model 128 trained on a dq off by 70%.  The 32 x 64 tiles that failed the strong-decay check at
     K = V = 128 in session 5 were the same case.  On an H100: 16 x 32, 16 x 64 and 32 x 64 failed;
-    16 x 16, 32 x 32, 64 x 64, 32 x 16 and 64 x 32 passed (benchmarks/issue21_tiles.py reruns the matrix;
-    tests/test_nan_regression.py checks the GLA head shapes on a GPU)."""
+    16 x 16, 32 x 32, 64 x 64, 32 x 16 and 64 x 32 passed (benchmarks/gla_bwd_tiles.py reruns the matrix;
+    tests/test_gla_small_heads.py checks the GLA head shapes on a GPU)."""
     bk, bv = _par_tiles(K, V)
     return bk, min(bv, bk)
 
