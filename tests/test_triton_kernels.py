@@ -286,3 +286,32 @@ def test_uniform_table_kernel_gives_the_torch_bits():
     want = uniform_torch(a, b, pos)
     assert torch.equal(uniform_triton(a, b, pos), want)
     assert 0 < want.min() and want.max() < 1 and want.unique().numel() == want.numel()
+
+
+@pytest.mark.parametrize("n, k", [(300, 8), (4095, 16), (40, 40)])
+def test_smallest_k_kernel_picks_what_topk_picks(n, k):
+    """The generator's threshold kernel returns the same positions in the same order as topk over the
+    whole table, including rows sent to the whole-table fallback."""
+    from sandbox.tasks import rng_triton
+    from sandbox.tasks.rng import derive, row_key, uniform_torch
+
+    ids = torch.arange(48, dtype=torch.int64) * 7919
+    base = row_key(ids, 3, 1)
+    a, b = derive(base, 11), derive(base, 111)
+    want = torch.topk(uniform_torch(a, b, torch.arange(n)), k, dim=1, largest=False).indices
+    assert torch.equal(rng_triton.smallest_triton(a, b, n, k), want)
+
+
+def test_smallest_k_kernel_falls_back_when_too_few_pass(monkeypatch):
+    from sandbox.tasks import rng_triton
+    from sandbox.tasks.rng import derive, row_key, uniform_torch
+
+    base = row_key(torch.arange(16, dtype=torch.int64), 0, 1)
+    a, b = derive(base, 1), derive(base, 2)
+    want = torch.topk(uniform_torch(a, b, torch.arange(500)), 12, dim=1, largest=False).indices
+    calls = []
+    real = rng_triton.uniform_triton
+    monkeypatch.setattr(rng_triton, "uniform_triton", lambda *x: calls.append(1) or real(*x))
+    # a threshold so low that most rows keep fewer than k candidates
+    assert torch.equal(rng_triton.smallest_triton(a, b, 500, 12, mean=4.0), want)
+    assert calls, "the fallback did not run"

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sandbox.tasks.rng import bits32, derive, row_fingerprint, row_key, uniform
+from sandbox.tasks.rng import bits32, derive, row_fingerprint, row_key, smallest, uniform
 
 SPLITS = {"train": 1, "test": 2}
 
@@ -96,9 +96,9 @@ class MQAR:
             return uniform(key(stream), key(stream + 100), torch.arange(n, device=dev))
 
         # distinct keys and values: the kv smallest of n uniforms pick a uniform random subset
-        # in random order (topk on 52-bit uniforms: no ties in practice, same on every device)
-        keys = 1 + torch.topk(random_order(11, n_keys), kv, dim=1, largest=False).indices
-        values = V // 2 + torch.topk(random_order(12, n_vals), kv, dim=1, largest=False).indices
+        # in random order (52-bit uniforms: no ties in practice, same on every device)
+        keys = 1 + smallest(key(11), key(111), n_keys, kv)
+        values = V // 2 + smallest(key(12), key(112), n_vals, kv)
 
         x = torch.zeros(B, T, dtype=torch.int64, device=dev)
         y = torch.full((B, T), -100, dtype=torch.int64, device=dev)

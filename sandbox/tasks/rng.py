@@ -10,7 +10,8 @@ keys), and in torch each int64 op is a kernel launch plus a pass over memory. So
 coordinates (seed, split, stream) are hashed in Python, the example id once per row
 (``row_key``, shape ``[B, 1]``), the position once per column, and on a GPU the table of
 uniforms is one Triton kernel (``rng_triton.py``: the same integer arithmetic, so the same
-bits) instead of some thirty passes.
+bits) instead of some thirty passes; where only the k smallest of a row's uniforms matter
+(``smallest``), the kernel keeps just those below a threshold instead of writing the table.
 """
 from __future__ import annotations
 
@@ -62,6 +63,16 @@ def uniform(row_a: torch.Tensor, row_b: torch.Tensor, pos: torch.Tensor) -> torc
         from sandbox.tasks.rng_triton import uniform_triton
         return uniform_triton(row_a, row_b, pos)
     return uniform_torch(row_a, row_b, pos)
+
+
+def smallest(row_a: torch.Tensor, row_b: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """Positions ``[B, k]`` of the k smallest of each row's uniforms over positions ``0 .. n-1``, smallest
+    first: a uniform random k-subset of ``range(n)`` in random order."""
+    if row_a.is_cuda:
+        from sandbox.tasks.rng_triton import smallest_triton
+        return smallest_triton(row_a, row_b, n, k)
+    return torch.topk(uniform_torch(row_a, row_b, torch.arange(n, device=row_a.device)), k, dim=1,
+                      largest=False).indices
 
 
 def uniform_torch(row_a, row_b, pos):

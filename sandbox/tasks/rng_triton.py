@@ -39,3 +39,53 @@ def uniform_triton(row_a: torch.Tensor, row_b: torch.Tensor, pos: torch.Tensor) 
                                                              row_b.reshape(-1).contiguous(), pos.contiguous(),
                                                              out, B, n, BR=16, BN=256)
     return out
+
+
+@triton.jit
+def _below(row_a, row_b, t, cand_u, cand_i, count, n, M, BN: tl.constexpr):
+    """One row: every position whose uniform is below ``t``, compacted in position order into
+    ``cand_u`` / ``cand_i`` (the first M of them), and how many there were."""
+    r = tl.program_id(0).to(tl.int64)
+    ka = tl.load(row_a + r).to(tl.int64)
+    kb = tl.load(row_b + r).to(tl.int64)
+    c = 0
+    for start in range(0, n, BN):
+        pos = start + tl.arange(0, BN)
+        h = _mix((pos.to(tl.int64) + 0x9E3779B9) & 0xFFFFFFFF)
+        a = _mix(ka ^ h) >> 6
+        b = _mix(kb ^ h) >> 6
+        u = ((a << 26 | b).to(tl.float64) + 0.5) / 4503599627370496.0
+        keep = (u < t) & (pos < n)
+        slot = c + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+        ok = keep & (slot < M)
+        tl.store(cand_u + r * M + slot, u, mask=ok)
+        tl.store(cand_i + r * M + slot, pos.to(tl.int64), mask=ok)
+        c += tl.sum(keep.to(tl.int32), axis=0)
+    tl.store(count + r, c)
+
+
+def smallest_triton(row_a: torch.Tensor, row_b: torch.Tensor, n: int, k: int, mean: float | None = None
+                    ) -> torch.Tensor:
+    """Positions ``[B, k]`` of the k smallest of the n uniforms of each row, smallest first: the same as
+    ``torch.topk(uniform_torch(row_a, row_b, arange(n)), k, largest=False).indices``, without the
+    ``[B, n]`` table. The uniforms are drawn on the fly and only those below a threshold, which about
+    k + 6 sqrt(k) + 16 of them pass, are kept; a row where fewer than k pass, or more than the buffer
+    holds (each about as likely as a Poisson variable 6 standard deviations from its mean), is redone
+    with the whole table. ``mean``: the expected number kept (default as above)."""
+    B = row_a.shape[0]
+    mean = min(float(n), k + 6 * k ** 0.5 + 16) if mean is None else mean
+    t = mean / n
+    M = triton.next_power_of_2(int(2 * mean + 64))
+    dev = row_a.device
+    cand_u = torch.full((B, M), float("inf"), dtype=torch.float64, device=dev)
+    cand_i = torch.zeros(B, M, dtype=torch.int64, device=dev)
+    count = torch.empty(B, dtype=torch.int32, device=dev)
+    if B:
+        _below[(B,)](row_a.reshape(-1).contiguous(), row_b.reshape(-1).contiguous(), t, cand_u, cand_i, count,
+                     n, M, BN=1024)
+    out = cand_i.gather(1, torch.topk(cand_u, k, dim=1, largest=False).indices)
+    bad = ((count < k) | (count > M)).nonzero()[:, 0]          # a host sync: drawing a pool, not in a step
+    if bad.numel():
+        full = uniform_triton(row_a[bad], row_b[bad], torch.arange(n, device=dev))
+        out[bad] = torch.topk(full, k, dim=1, largest=False).indices
+    return out
