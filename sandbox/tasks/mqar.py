@@ -73,10 +73,13 @@ class MQAR:
         self.noise_vocab = (cfg.noise_vocab_size or cfg.vocab_size // 2) if cfg.noise else 0
         self.vocab_size = cfg.vocab_size + self.noise_vocab      # what the model must embed
         self.max_targets = cfg.num_kv_pairs                      # scored positions per example
-        # rows one generator call should make at most: its largest temporaries are
-        # [rows, max(seq_len, V/2)] float64/int64, kept near 32 MB each (512 MB on a GPU: fewer launches)
-        elems = 1 << (26 if self.device.type == "cuda" else 22)
-        self.rows_per_call = max(1, elems // max(cfg.seq_len, cfg.vocab_size // 2))
+        # rows one generator call should make at most: its largest temporaries are [rows, V/2] float64
+        # tables on the CPU (kept near 32 MB each), [rows, seq_len] int64 on a GPU, where the key and value
+        # draws need no table (kept near 256 MB: few calls, few launches)
+        if self.device.type == "cuda":
+            self.rows_per_call = max(1, (1 << 25) // cfg.seq_len)
+        else:
+            self.rows_per_call = max(1, (1 << 22) // max(cfg.seq_len, cfg.vocab_size // 2))
         self._test_hashes: torch.Tensor | None = None
 
     # ---- generation -------------------------------------------------------------------
