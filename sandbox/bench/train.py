@@ -4,7 +4,8 @@ A fixed set of reference configurations (the papers' settings, batch 256), each 
 hundred steps in a process of its own (``step_worker.py``), by this checkout and, with ``--ref``,
 by another commit's code in the same call, so every speed claim is a ratio measured side by side.
 For each configuration: ms/step and tokens/s at steady state, the task generator's share of the
-step, peak GPU memory, the roofline (FLOPs and the bytes the step must move, against this GPU's
+step, the seconds a run spends outside its steady steps (start-up, compilation, graph capture, the data
+pool, the final evaluation), peak GPU memory, the roofline (FLOPs and the bytes the step must move, against this GPU's
 measured bf16 matrix rate and copy bandwidth) and how far above it the step runs, and the largest
 relative difference of the training loss from the reference code's over the first 200 steps.
 With ``--replicas R`` the stacked replicas of each configuration are timed as well (trial-steps/s).
@@ -95,7 +96,9 @@ def summarise(name: str, data: dict, new: dict, ref: dict | None, stacked: dict 
         return {**row, "error": new["error"]}
     tokens = data["train"]["batch_size"] * data["task"]["seq_len"]
     ms = 1e3 / new["steps_per_sec"]
-    row.update(ms=ms, tokens_per_s=tokens / ms * 1e3, generator_pct=100 * new["generator_ms"] / ms)
+    steps = data["train"]["steps"]
+    row.update(ms=ms, tokens_per_s=tokens / ms * 1e3, generator_pct=100 * new["generator_ms"] / ms,
+               start_s=new["wall_s"] - steps * ms / 1e3)
     if new["peak_gib"] is not None:
         row["peak_gib"] = new["peak_gib"]
     if "flops" in new:
@@ -108,7 +111,7 @@ def summarise(name: str, data: dict, new: dict, ref: dict | None, stacked: dict 
             row["ref_error"] = ref["error"]
         else:
             ref_ms = 1e3 / ref["steps_per_sec"]
-            row.update(ref_ms=ref_ms, speedup=ref_ms / ms, ref_generator_pct=100 * ref["generator_ms"] / ref_ms,
+            row.update(ref_ms=ref_ms, ref_start_s=ref["wall_s"] - steps * ref_ms / 1e3, speedup=ref_ms / ms, ref_generator_pct=100 * ref["generator_ms"] / ref_ms,
                        ref_peak_gib=ref["peak_gib"], loss_gap_200=loss_gap(new["loss"], ref["loss"]))
     if stacked is not None and "error" not in stacked:
         R = stacked["replicas"]
@@ -123,7 +126,8 @@ def summarise(name: str, data: dict, new: dict, ref: dict | None, stacked: dict 
 
 def table(rows: list[dict]) -> str:
     cols = [("config", "config", "{}"), ("ms", "ms/step", "{:.3f}"), ("tokens_per_s", "Mtok/s", None),
-            ("generator_pct", "gen %", "{:.1f}"), ("peak_gib", "peak GiB", "{:.2f}"),
+            ("generator_pct", "gen %", "{:.1f}"), ("start_s", "start s", "{:.1f}"),
+            ("peak_gib", "peak GiB", "{:.2f}"),
             ("roofline_ms", "roofline ms", "{:.3f}"), ("x_roofline", "x roofline", "{:.1f}"),
             ("ref_ms", "ref ms/step", "{:.3f}"), ("speedup", "speed-up", "{:.2f}"),
             ("loss_gap_200", "loss gap", "{:.2e}"), ("trial_steps_per_s", "stacked trial-steps/s", "{:.0f}"),
