@@ -111,8 +111,9 @@ def summarise(name: str, data: dict, new: dict, ref: dict | None, stacked: dict 
             row["ref_error"] = ref["error"]
         else:
             ref_ms = 1e3 / ref["steps_per_sec"]
-            row.update(ref_ms=ref_ms, ref_start_s=ref["wall_s"] - steps * ref_ms / 1e3, speedup=ref_ms / ms, ref_generator_pct=100 * ref["generator_ms"] / ref_ms,
-                       ref_peak_gib=ref["peak_gib"], loss_gap_200=loss_gap(new["loss"], ref["loss"]))
+            row.update(ref_ms=ref_ms, ref_start_s=ref["wall_s"] - steps * ref_ms / 1e3, speedup=ref_ms / ms,
+                       ref_generator_pct=100 * ref["generator_ms"] / ref_ms, ref_peak_gib=ref["peak_gib"],
+                       loss_gap_200=loss_gap(new["loss"], ref["loss"]))
     if stacked is not None and "error" not in stacked:
         R = stacked["replicas"]
         row.update(replicas=R, stacked_ms=1e3 / stacked["steps_per_sec"],
