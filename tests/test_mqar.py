@@ -116,3 +116,20 @@ def test_too_short_sequence_is_rejected():
         make_task("mqar", seq_len=30, num_kv_pairs=8, vocab_size=64)
     with pytest.raises(ValueError, match="seq_len"):
         make_task("mqar", seq_len=40, num_kv_pairs=8, vocab_size=64, gap=10)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compares the CPU with a GPU")
+@pytest.mark.parametrize("kw", [dict(seq_len=256, num_kv_pairs=16), dict(seq_len=512, num_kv_pairs=64, noise=64),
+                                dict(seq_len=320, num_kv_pairs=16, gap=192), dict(seq_len=64, num_kv_pairs=4)])
+def test_gpu_batches_equal_cpu_batches_bit_for_bit(kw):
+    """On a GPU the generator takes other kernels (a Triton table of uniforms, the threshold kernel for the
+    kv smallest); the bits must not change, for training batches drawn through the pool and test batches."""
+    cpu = make_task("mqar", vocab_size=8192, seed=3, **kw)
+    gpu = make_task("mqar", vocab_size=8192, seed=3, device="cuda", **kw)
+    for split, index in (("train", 0), ("train", 12345), ("test", 1)):
+        a, b = cpu.sample(128, split, index), gpu.sample(128, split, index)
+        assert torch.equal(a[0], b[0].cpu()) and torch.equal(a[1], b[1].cpu()), (split, index)
+    pool = TrainBatches(gpu, 64, steps=40)
+    for step in (0, 17, 39):
+        x, y = cpu.sample(64, "train", step)
+        assert torch.equal(pool[step][0].cpu(), x) and torch.equal(pool[step][1].cpu(), y)
