@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from sandbox.config import ConfigError, load_config
 from sandbox.mixers import MixerContext, build_mixer
-from sandbox.mixers.linear import GatedDeltaNetConfig, GLAConfig
+from sandbox.mixers.linear_family import GatedDeltaNetConfig, GLAConfig
 from sandbox.mixers.sse import SSE, SSEConfig
 from sandbox.mixers.sse_impl import VARLEN_MIN_LEN, VARLEN_MIN_PARTITIONS, resolve_impl
 

@@ -4,7 +4,7 @@ from sandbox.mixers.base import (Mixer, MixerContext, NoConfig, build_mixer, mix
 
 # Each import registers the mixers of one family.
 from sandbox.mixers import attention  # noqa: E402,F401
-from sandbox.mixers import linear, gsa  # noqa: E402,F401
+from sandbox.mixers import linear_family, gsa  # noqa: E402,F401
 from sandbox.mixers import swa  # noqa: E402,F401
 from sandbox.mixers import lte  # noqa: E402,F401
 from sandbox.mixers import block_sparse  # noqa: E402,F401

@@ -34,7 +34,8 @@ from torch import nn
 
 from sandbox.mixers.base import Mixer, MixerContext, register
 from sandbox.mixers.feature_maps import balance_loss, feature_map, softmax_topk
-from sandbox.mixers.linear import GatedDeltaNetConfig, GLAConfig, LinearMixer
+from sandbox.mixers.linear import LinearMixer
+from sandbox.mixers.linear_family import GatedDeltaNetConfig, GLAConfig
 from sandbox.mixers.sse_impl import Routing, partitioned_recurrence, resolve_impl, route
 
 Transition = Literal["gla", "gated_deltanet"]
