@@ -16,13 +16,18 @@ Trial bookkeeping (all in the study, so any machine can resume or report):
 A trial whose worker died (seen by the launcher on its own host, or by a missed
 heartbeat with PostgreSQL) or that was interrupted is marked FAIL and re-enqueued
 as a copy that trains in the same run directory, resuming its checkpoint.
+Every storage call is retried through outages (storage.py), and silence measured
+while the storage was unreachable does not make a trial lost.
 The pruner compares trials of one grid point only (``GridMedianPruner``).
 Optuna's private ``study._storage`` / ``study._study_id`` are used for the atomic
 queue operations that its public API only exposes inside ``Study.optimize``.
 """
 from __future__ import annotations
 
+import json
+import logging
 import os
+import random
 import statistics
 import socket
 import time
@@ -33,6 +38,9 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState, create_trial
 
+from sandbox.sweep.storage import (DEFAULT_TIMEOUT_S, MAX_BACKOFF_S, GuardedHeartbeatStorage, GuardedStorage,
+                                   SafeJournalFile, StorageGuard)
+
 # machine name recorded on trials (set it where machines share a hostname, e.g. containers)
 HOST = os.environ.get("SANDBOX_SWEEP_HOST") or socket.gethostname()
 MAX_RETRIES = 3          # a point whose worker dies this many times is recorded as failed
@@ -42,17 +50,49 @@ FINAL_FAIL = "failure"
 
 # ---- storage and study ------------------------------------------------------------------
 
-def open_storage(sweep_dir: Path, url: str | None, heartbeat: int | None = None):
-    """The journal file inside the sweep directory, or an RDB (PostgreSQL) URL with heartbeats."""
-    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalStorage
+def open_storage(sweep_dir: Path, url: str | None, heartbeat: int | None = None,
+                 timeout: float = DEFAULT_TIMEOUT_S, say=None):
+    """The journal file inside the sweep directory, or an RDB (PostgreSQL) URL with heartbeats;
+    either way behind a ``StorageGuard`` that retries every call for up to ``timeout`` seconds
+    of outage (opening included), printing one line (through ``say``) when it starts and ends."""
+    from optuna.storages import _CachedStorage
+    from optuna.storages.journal import JournalFileOpenLock, JournalStorage
 
+    guard = StorageGuard(timeout, say=say)
     if not url:
         path = str(sweep_dir / "study.journal")
-        return JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
+        journal = guard.call(lambda: JournalStorage(SafeJournalFile(path, lock_obj=JournalFileOpenLock(path))))
+        return GuardedStorage(journal, guard, sweep_dir)
     hb = heartbeat or 10
+    grace = max(3 * hb, hb + 5)
+    # after an outage every thread retries at least once per heartbeat interval, so a worker
+    # beats again well within the fresh grace period the trials get (storage.py)
+    guard.max_backoff = min(MAX_BACKOFF_S, hb)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    return optuna.storages.RDBStorage(_driver_url(url), heartbeat_interval=hb, grace_period=max(3 * hb, hb + 5),
-                                      heartbeat_stale_trial_callback=_requeue_stale)
+    # the pool logs dropped connections with their tracebacks; the guard's one line says it
+    logging.getLogger("sqlalchemy").addHandler(logging.NullHandler())
+    rdb = guard.call(_open_rdb, url, hb, grace)
+    return GuardedHeartbeatStorage(_CachedStorage(rdb), guard, grace, sweep_dir)
+
+
+def _open_rdb(url: str, heartbeat: int, grace: int):
+    import sqlalchemy.exc as sa
+
+    kwargs = {"pool_pre_ping": True}      # a pooled connection the server dropped is replaced, not used
+    if url.startswith(("postgresql", "postgres")):
+        # give up on a silent server instead of hanging: connecting, and a connection that went quiet
+        kwargs["connect_args"] = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10,
+                                  "keepalives_interval": 5, "keepalives_count": 3}
+    for attempt in range(6):
+        try:
+            return optuna.storages.RDBStorage(_driver_url(url), engine_kwargs=kwargs, heartbeat_interval=heartbeat,
+                                              grace_period=grace, heartbeat_stale_trial_callback=_requeue_stale)
+        except (sa.IntegrityError, sa.ProgrammingError) as e:
+            # machines starting at once on an empty database race to create its tables and
+            # types; the loser finds them there on the next try
+            if attempt == 5 or not any(w in str(e) for w in ("already exists", "duplicate key")):
+                raise
+            time.sleep(0.2 + 0.5 * random.random())
 
 
 def _driver_url(url: str) -> str:
@@ -139,27 +179,64 @@ def _worker_alive(pid: int) -> bool:
     return True
 
 
+_unclaimed_seen: dict[int, float] = {}     # RUNNING trials with no worker yet -> when this process first saw one
+
+
 def reap(study, heartbeat: bool, adopt_foreign: bool = False) -> list[str]:
     """Requeue RUNNING trials whose worker on this host is gone (and, with heartbeats,
     those of any machine that stopped beating). ``adopt_foreign`` (a launcher starting on a
     journal, which only one machine uses at a time): trials of workers on other hosts are
-    lost too, e.g. a sweep directory copied from a machine that was taken away."""
+    lost too, e.g. a sweep directory copied from a machine that was taken away.
+
+    A trial claimed but never given a worker is lost after REAP_GRACE_S; time during which
+    this process could not reach the storage does not count (the grace restarts after an
+    outage), nor, with a shared database, does time before this process first saw the trial
+    (other machines' clocks may differ)."""
 
     notes = []
     if heartbeat:
         optuna.storages.fail_stale_trials(study)
     now = time.time()
+    quiet_from = getattr(study._storage, "recovered_at", None) or 0.0
+    unclaimed = {}
     for t in trials_in(study, (TrialState.RUNNING,)):
         worker = t.user_attrs.get("worker")
         if worker:
             host, pid, _ = worker.rsplit(":", 2)
             gone = not _worker_alive(int(pid)) if host == HOST else adopt_foreign and not heartbeat
-            if gone and requeue(study, t, f"worker {worker} died") is not None:
-                notes.append(f"trial {t.number}: worker {worker} died; requeued")
-        elif not heartbeat and t.datetime_start and now - t.datetime_start.timestamp() > REAP_GRACE_S:
-            if requeue(study, t, "no worker claimed it") is not None:
-                notes.append(f"trial {t.number}: never claimed; requeued")
+            if not gone:
+                continue
+            stopped = _stopped_cleanly(study, t)
+            reason = stopped or f"worker {worker} died"
+            if requeue(study, t, reason, count=not stopped) is not None:
+                notes.append(f"trial {t.number}: {reason}; requeued")
+            continue
+        if heartbeat:
+            since = unclaimed[t._trial_id] = _unclaimed_seen.get(t._trial_id, now)
+        else:
+            since = t.datetime_start.timestamp() if t.datetime_start else now
+        if now - max(since, quiet_from) > REAP_GRACE_S and requeue(study, t, "no worker claimed it") is not None:
+            notes.append(f"trial {t.number}: never claimed; requeued")
+    _unclaimed_seen.clear()
+    _unclaimed_seen.update(unclaimed)
     return notes
+
+
+def _stopped_cleanly(study, trial) -> str | None:
+    """Did the trial's (now gone) worker stop its run in an orderly way, writing result.json
+    during this try (e.g. interrupted, with a checkpoint, while the storage was unreachable, so
+    it could not requeue the trial itself)? Then requeueing it is not a lost run: say why."""
+    sweep_dir, run_dir = getattr(study._storage, "sweep_dir", None), trial.user_attrs.get("run_dir")
+    if sweep_dir is None or not run_dir or trial.datetime_start is None:
+        return None
+    path = Path(sweep_dir) / run_dir / "result.json"
+    try:
+        if path.stat().st_mtime < trial.datetime_start.timestamp():
+            return None
+        status = json.loads(path.read_text()).get("status")
+    except (OSError, ValueError):
+        return None
+    return "interrupted" if status == "interrupted" else f"its worker stopped before recording the result ({status})"
 
 
 def holds(trial) -> bool:
