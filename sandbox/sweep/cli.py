@@ -1,18 +1,27 @@
 """``sandbox sweep FILE.yaml`` and ``sandbox sweep status DIR``."""
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 
 
 def cmd_sweep(args) -> int:
     from sandbox.sweep import report
-    from sandbox.sweep.runner import run_sweep
+    from sandbox.sweep.runner import _public_url, run_sweep
     from sandbox.sweep.spec import load_sweep
+    from sandbox.sweep.storage import EXIT_STORAGE, StorageUnavailable
 
+    if args.storage_timeout <= 0:
+        raise ValueError(f"--storage-timeout: must be > 0 seconds, got {args.storage_timeout:g}")
     if args.target[0] == "status":
         if len(args.target) != 2:
             raise ValueError("usage: sandbox sweep status SWEEP_DIR")
-        return report.status(Path(args.target[1]), args.storage)
+        try:
+            return report.status(Path(args.target[1]), args.storage, args.storage_timeout)
+        except StorageUnavailable as e:
+            print(f"sandbox: error: {e}", file=sys.stderr)
+            return EXIT_STORAGE
     if len(args.target) != 1:
         raise ValueError("usage: sandbox sweep FILE.yaml  |  sandbox sweep status SWEEP_DIR")
     for flag in ("workers", "workers_per_gpu", "heartbeat"):
@@ -23,9 +32,23 @@ def cmd_sweep(args) -> int:
     if args.dry_run:
         return report.print_points(spec)
     out = Path(args.out) if args.out else Path("sweeps_out") / spec.name
-    return run_sweep(spec, out, storage_url=args.storage, workers=args.workers,
-                     workers_per_gpu=args.workers_per_gpu, heartbeat=args.heartbeat,
-                     live=False if args.no_live else None, retry_failed=args.retry_failed)
+    try:
+        return run_sweep(spec, out, storage_url=args.storage, workers=args.workers,
+                         workers_per_gpu=args.workers_per_gpu, heartbeat=args.heartbeat,
+                         live=False if args.no_live else None, retry_failed=args.retry_failed,
+                         storage_timeout=args.storage_timeout)
+    except StorageUnavailable as e:
+        again = ["sandbox", "sweep", str(args.target[0]), "--out", str(out)]
+        if args.storage:
+            again += ["--storage", _public_url(args.storage)]
+        print(f"sandbox: error: {e}; the sweep stopped and its running trials saved checkpoints; to resume, "
+              f"rerun `{shlex.join(again)}` (with the same other options) once the storage is back",
+              file=sys.stderr, flush=True)
+        return EXIT_STORAGE
+    except OSError as e:         # the sweep directory cannot be written (read-only, full)
+        where = f"{e.filename}: " if e.filename else f"{out}: "
+        print(f"sandbox: error: {where}{e.strerror or e}", file=sys.stderr, flush=True)
+        return 1
 
 
 def add_cli(sub) -> None:
@@ -41,6 +64,10 @@ def add_cli(sub) -> None:
                    "(default: a journal file in the sweep directory)")
     s.add_argument("--heartbeat", type=int, help="seconds between worker heartbeats with --storage "
                    "(default 10; a trial is retried after 3 missed)")
+    s.add_argument("--storage-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="how long the launcher and its workers wait out an unreachable storage (a database "
+                   "restart, a full disk) before the sweep stops to be resumed (default 600); training "
+                   "goes on meanwhile")
     s.add_argument("--dry-run", action="store_true", help="validate and list the points, run nothing")
     s.add_argument("--retry-failed", action="store_true", help="queue failed points again (e.g. after "
                    "fixing what made them fail); complete ones are kept")

@@ -14,6 +14,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from sandbox.sweep.storage import DEFAULT_TIMEOUT_S
+
 RESULT_KEYS = ("final_accuracy", "best_accuracy", "best_step", "steps", "wall_time_s", "steps_per_sec",
                "params", "state_size", "device")
 
@@ -340,7 +342,7 @@ def print_summary(console, study, trials, summary, seeds, failures, tm, gpu) -> 
         console.print(_rich_table("GPU utilisation", gpu))
 
 
-def status(sweep_dir: Path, storage_url: str | None) -> int:
+def status(sweep_dir: Path, storage_url: str | None, storage_timeout: float = DEFAULT_TIMEOUT_S) -> int:
     from sandbox.sweep.study import load_study, open_storage
 
     meta_path = sweep_dir / "sweep.json"
@@ -351,7 +353,7 @@ def status(sweep_dir: Path, storage_url: str | None) -> int:
     if url and "***" in url:
         raise ValueError(f"{sweep_dir}: the sweep uses {url}; pass --storage with the password")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = load_study(open_storage(sweep_dir, url), meta["study"])
+    study = load_study(open_storage(sweep_dir, url, timeout=storage_timeout), meta["study"])
     trials = study.get_trials(deepcopy=False)
     console = make_console()
     summary, grid_keys, _ = grid_summary(trials, study.direction.name.lower())

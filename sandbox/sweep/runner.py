@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from sandbox.sweep.storage import DEFAULT_TIMEOUT_S, EXIT_STORAGE, StorageUnavailable
 from sandbox.sweep.study import enqueue_points, load_study, open_storage, prepare_study, reap, trials_in, uses_heartbeat
 
 # ---- launcher ------------------------------------------------------------------------------
@@ -75,7 +76,7 @@ class GpuSampler(threading.Thread):
 
 def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers: int | None = None,
               workers_per_gpu: int | None = None, heartbeat: int | None = None, live: bool | None = None,
-              retry_failed: bool = False) -> int:
+              retry_failed: bool = False, storage_timeout: float = DEFAULT_TIMEOUT_S) -> int:
     import optuna
     from sandbox.sweep import report
 
@@ -97,7 +98,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
     # study name as soon as the journal exists
     (sweep_dir / "sweep.json").write_text(json.dumps({"study": spec.name, "source": str(spec.source),
                                                       "storage": _public_url(storage_url) if storage_url else None}))
-    storage = open_storage(sweep_dir, storage_url, heartbeat)
+    storage = open_storage(sweep_dir, storage_url, heartbeat, storage_timeout)
     hb = uses_heartbeat(storage)
     prepare_study(spec, storage)
     shutil.copyfile(spec.source, sweep_dir / "sweep.yaml")
@@ -119,7 +120,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
         if slots[slot] is not None:
             env["CUDA_VISIBLE_DEVICES"] = slots[slot]
         cmd = [sys.executable, "-m", "sandbox.sweep.worker", "--worker", str(sweep_dir), "--study", spec.name,
-               "--parent", str(os.getpid()), "--threads", str(threads)]
+               "--parent", str(os.getpid()), "--threads", str(threads), "--storage-timeout", str(storage_timeout)]
         if storage_url:
             cmd += ["--storage", storage_url, "--heartbeat", str(heartbeat or 10)]
         with open(sweep_dir / "logs" / f"worker-{slot}.log", "a") as log:    # workers get their own session:
@@ -139,7 +140,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                     code = p.poll()
                     if code is not None:
                         del procs[slot]
-                        if code not in (0, 130):
+                        if code not in (0, 130, EXIT_STORAGE):
                             crashes += 1
                             board.note(f"worker {slot} (pid {p.pid}) exited with {code}; see logs/worker-{slot}.log")
                 for note in reap(study, hb):
@@ -165,13 +166,18 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
         interrupted = True
         console.print("interrupted: stopping workers (their trials are requeued and resume from a checkpoint)")
         _stop_workers(procs, study)
+    except StorageUnavailable:
+        _stop_workers(procs, study)      # they checkpoint; the caller says how to resume
+        raise
     finally:
         sampler.done.set()
         wall = time.time() - t0
-        trials = trials_in(study)
-        report.write_outputs(sweep_dir, study, trials, wall_s=wall, since=t0, gpu_samples=sampler.samples,
-                             console=console)
-        lock.close()
+        try:
+            trials = trials_in(study)
+            report.write_outputs(sweep_dir, study, trials, wall_s=wall, since=t0, gpu_samples=sampler.samples,
+                                 console=console)
+        finally:
+            lock.close()
     if interrupted:
         console.print(f"rerun `sandbox sweep {spec.source}` (same --out) to resume")
         return 130
@@ -180,6 +186,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
 
 
 def _stop_workers(procs: dict, study) -> None:
+    study._storage.stop_retrying()      # stopping: an outage is not waited out
     for p in procs.values():
         if p.poll() is None:
             p.send_signal(signal.SIGINT)
@@ -192,7 +199,10 @@ def _stop_workers(procs: dict, study) -> None:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    reap(study, False)
+    try:
+        reap(study, False)
+    except StorageUnavailable:          # nor could the workers requeue theirs: the next run does
+        pass
 
 
 def _public_url(url: str) -> str:

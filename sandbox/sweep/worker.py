@@ -5,6 +5,9 @@ by the launcher in sandbox/sweep/runner.py with one ``CUDA_VISIBLE_DEVICES`` GPU
 A diverging, out-of-memory or raising trial is recorded as failed with its reason and
 the worker goes on. SIGINT/SIGTERM (or the launcher dying) interrupts the running
 trial at once: ``train`` saves a checkpoint and the trial is requeued to resume.
+Storage outages are ridden through (storage.py): evaluations are sent from a background
+thread; past ``--storage-timeout`` the trial is stopped the same way and the worker exits
+with EXIT_STORAGE (its trial is requeued by whoever reaches the storage next).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from sandbox.sweep.storage import DEFAULT_TIMEOUT_S, EXIT_STORAGE, StorageUnavailable, TrialReporter
 from sandbox.sweep.study import (FINAL_FAIL, HOST, heartbeat_interval, holds, load_study, make_pruner,
                                  open_storage, requeue, trials_in, uses_heartbeat)
 
@@ -30,6 +34,7 @@ class _Worker:
 
     def on_signal(self, signum, frame):
         self.stop = True
+        self.study._storage.stop_retrying()      # stopping: do not wait out an outage
         if self.training:
             raise KeyboardInterrupt
 
@@ -69,9 +74,16 @@ class _Worker:
                 return t._trial_id
         return None
 
+    def on_storage_lost(self):
+        # the storage stayed away past --storage-timeout, noticed in a background thread (the
+        # main thread's own storage calls raise StorageUnavailable): stop the trial like Ctrl-C
+        if threading.current_thread() is not threading.main_thread():
+            os.kill(os.getpid(), signal.SIGINT)
+
     def run(self) -> int:
         signal.signal(signal.SIGINT, self.on_signal)
         signal.signal(signal.SIGTERM, self.on_signal)
+        self.study._storage.guard.on_give_up = self.on_storage_lost
         threading.Thread(target=self.watch_parent, daemon=True).start()
         while not self.stop:
             tid = self.claim()
@@ -103,9 +115,11 @@ class _Worker:
                     storage.record_heartbeat(tid)
             threading.Thread(target=heartbeat, daemon=True).start()
 
+        reporter = TrialReporter(trial, storage.guard)     # training never waits for the storage
+
         def on_eval(step, metrics):
-            trial.report(metrics[obj["metric"]], step)
-            if pruning and trial.should_prune():
+            reporter.report(metrics[obj["metric"]], step)
+            if pruning and reporter.should_prune(step):
                 raise StopTraining(f"pruned at step {step}: {obj['metric']} {metrics[obj['metric']]:.4f} "
                                    f"below the median of its grid point")
 
@@ -124,6 +138,7 @@ class _Worker:
                 self.training = False
         except KeyboardInterrupt:
             beat.set()
+            reporter.abandon()
             requeue(study, storage.get_trial(tid), "interrupted", count=False)
             return 130
         except TrainingDiverged as e:
@@ -134,6 +149,7 @@ class _Worker:
             failure = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         beat.set()
         try:
+            reporter.close()                # the evaluations not sent yet (e.g. during an outage)
             if failure is not None:
                 storage.set_trial_user_attr(tid, FINAL_FAIL, failure)
                 _attach_result(storage, tid, self.dir / run_dir)
@@ -188,18 +204,23 @@ def worker_main(argv=None) -> int:
     p.add_argument("--heartbeat", type=int)
     p.add_argument("--parent", type=int, required=True)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--storage-timeout", type=float, default=DEFAULT_TIMEOUT_S)
     a = p.parse_args(argv)
     import optuna
     import torch
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     torch.set_num_threads(a.threads)
     sweep_dir = Path(a.worker)
-    storage = open_storage(sweep_dir, a.storage, a.heartbeat)
-    study = load_study(storage, a.study)
-    if study.user_attrs["spec"]["pruning"]:
-        study.pruner = make_pruner(study.user_attrs["spec"]["pruning"])
-    gpu = os.environ.get("CUDA_VISIBLE_DEVICES") or None
-    return _Worker(sweep_dir, study, a.parent, gpu).run()
+    try:
+        storage = open_storage(sweep_dir, a.storage, a.heartbeat, a.storage_timeout)
+        study = load_study(storage, a.study)
+        if study.user_attrs["spec"]["pruning"]:
+            study.pruner = make_pruner(study.user_attrs["spec"]["pruning"])
+        gpu = os.environ.get("CUDA_VISIBLE_DEVICES") or None
+        return _Worker(sweep_dir, study, a.parent, gpu).run()
+    except StorageUnavailable as e:     # the one place a worker ends for the storage
+        print(f"worker stopped: {e}", flush=True)
+        return EXIT_STORAGE
 
 
 if __name__ == "__main__":
