@@ -1,14 +1,17 @@
 """The committed sweep files: every YAML in sweeps/ validates and lists its trials, and the
-issue-8 reproduction sweeps hold the axes the issue names.
+figure sweeps of issue 21 hold the protocol their headers and results/README.md state.
 
-References are written out here, independently of the files: the (n, k) pairs of Figure 7,
-top-k as a quarter of the key rows (GLA and MetaLA: d_model / 2 / heads rows, GSA: its slots),
-the Zoology grid, and each file's trial count as a product of its axis lengths, which must
-also match the ``trials: N`` line of its header comment (the GPU-minute estimate there is
-computed from that count). Only parsing and config validation run here (no training).
+References are written out here, independently of the files: top-k as a quarter of the key rows
+(GLA and MetaLA: d_model / 2 / heads rows, GSA: its 64 slots), the (n, k) pairs of Figure 7, the
+Zoology grid, where the short convolution is on and where it is off, the seeds, and each file's
+trial and process counts, which must also match the ``trials: N`` and ``processes: N`` lines of
+its header (the GPU-minute estimate there is computed from them). A figure may span several
+files that share one study name and base, so that they fill one study and one results.csv; their
+points must not overlap. Only parsing and config validation run here (no training).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -17,10 +20,20 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.mixers import mixer_config_class
 from sandbox.sweep.spec import load_sweep
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
-ISSUE8 = ["sse_fig8_topk", "sse_state_scaling", "sse_ablations", "sla_heads", "zoology_fig2"]
+FIGURES = {          # figure (= study name) -> its sweep files, in the order they are run
+    "sse_fig8_topk": ["sse_fig8_topk", "sse_fig8_topk_widths"],
+    "sse_state_scaling": ["sse_state_scaling"],
+    "sse_ablations": ["sse_ablations"],
+    "sla_heads": ["sla_heads"],
+    "zoology_fig2": ["zoology_fig2", "zoology_fig2_sse_gdn"],
+}
+FILES = [f for files in FIGURES.values() for f in files]
+SEEDS = {"sse_fig8_topk": [0, 1, 2], "sse_fig8_topk_widths": [0], "sse_state_scaling": [0, 1, 2],
+         "sse_ablations": [0, 1, 2, 3, 4], "sla_heads": [0, 1, 2]}   # zoology: one seed, no seed axis
 
 
 @functools.lru_cache(maxsize=None)
@@ -34,6 +47,20 @@ def configs(name):
     return [(p, s.point_config(p)) for p in s.points()]
 
 
+def figure_configs(figure):
+    return [pc for f in FIGURES[figure] for pc in configs(f)]
+
+
+def has_conv(mixer: str) -> bool:
+    return any(f.name == "conv_size" for f in dataclasses.fields(mixer_config_class(mixer)))
+
+
+def conv(cfg):
+    """The short-convolution width of a run's (single) mixer; None where the mixer has no such option."""
+    m = cfg.model.mixer
+    return cfg.model.options(m).conv_size if has_conv(m) else None
+
+
 @pytest.mark.parametrize("path", sorted(SWEEPS.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_sweep_file_validates_and_lists_its_trials(path):
     s = load_sweep(path)
@@ -42,30 +69,58 @@ def test_every_sweep_file_validates_and_lists_its_trials(path):
     assert len({p.point_id for p in points}) == len(points)
 
 
-@pytest.mark.parametrize("name", ISSUE8)
-def test_issue8_sweeps_train_as_the_issue_asks(name):
+@pytest.mark.parametrize("path", sorted(SWEEPS.glob("*.yaml")), ids=lambda p: p.name)
+def test_no_sweep_file_recommends_packing_many_workers_on_a_gpu(path):
+    counts = [int(n) for n in re.findall(r"--workers-per-gpu\s+(\d+)", path.read_text())]
+    assert all(n < 8 for n in counts), "the runner chooses its own packing; write the plain command"
+    if path.stem in FILES:
+        assert not counts
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_figure_sweeps_state_their_size_and_train_as_the_issue_asks(name):
     s = spec(name)
     header = (SWEEPS / f"{name}.yaml").read_text()
     stated = int(re.search(r"^# trials: (\d+)", header, re.M).group(1))
     expected = math.prod(len(rows) for _, rows in s.axes) * math.prod(len(v) for v in s.tune_lists.values())
     assert len(s.points()) == expected == stated
+    processes = int(re.search(r"^# processes: (\d+)", header, re.M).group(1))
+    assert processes == len({p.grid_id for p in s.points()})     # one process per grid point
     assert "GPU-minutes" in header
+    assert re.search(rf"^#   sandbox sweep sweeps/{name}\.yaml( +#.*)?$", header, re.M)   # the plain command
     assert list(s.tune_lists) == ["train.lr"] and not s.tune_ranges
-    lrs = s.tune_lists["train.lr"]
-    assert len(lrs) == (4 if name == "zoology_fig2" else 3)
+    assert len(s.tune_lists["train.lr"]) == (4 if name.startswith("zoology") else 3)
     for _, cfg in configs(name):
         assert cfg.train.batch_size == 256 and cfg.train.early_stop == 0.99
         assert cfg.model.n_layers == 2
-        for mixer in cfg.model.layer_mixers():      # the papers' setting: no short convolution
-            if mixer not in ("attention", "sse", "sla"):
-                assert cfg.model.options(mixer).conv_size == 0
-    if name != "zoology_fig2":                      # claims comparing close values: 3 seeds,
-        assert s.axes[0] == (["seed"], [[0], [1], [2]])  # seed first so seed 0 finishes first
+        assert conv(cfg) in (None, 0, 4)
+    if name in SEEDS:                    # seed first, so every seed-0 trial runs before seed 1
+        assert s.axes[0] == (["seed"], [[v] for v in SEEDS[name]])
+    else:
+        assert "seed" not in s.grid_keys
 
 
-def test_fig8_topk_is_a_quarter_of_the_key_rows_for_every_width_and_setting():
+@pytest.mark.parametrize("figure", [f for f, files in FIGURES.items() if len(files) > 1])
+def test_the_parts_of_a_figure_fill_one_study_without_overlapping(figure):
+    parts = [spec(f) for f in FIGURES[figure]]
+    assert {s.name for s in parts} == {figure}
+    assert all(s.fingerprint() == parts[0].fingerprint() for s in parts)
+    assert all(s.grid_keys == parts[0].grid_keys for s in parts)     # the same results.csv columns
+    ids = [p.point_id for s in parts for p in s.points()]
+    assert len(ids) == len(set(ids))
+
+
+def test_sse_and_sla_have_no_short_convolution_option_yet():
+    """The figure headers say SSE and SLA rows run without conv because these mixers have no
+    conv_size option. If one is added, update those headers (and results/README.md) and decide
+    the protocol again before running."""
+    assert not has_conv("sse") and not has_conv("sla")
+    assert has_conv("gla") and has_conv("metala") and has_conv("gsa") and has_conv("gated_deltanet")
+
+
+def test_fig8_is_three_seeds_at_d128_one_seed_elsewhere_conv_on_but_one_column():
     seen = set()
-    for p, cfg in configs("sse_fig8_topk"):
+    for p, cfg in figure_configs("sse_fig8_topk"):
         m, d = cfg.model, cfg.model.d_model
         assert m.n_heads == 2 and m.channel_mixer == "swiglu"
         topk = m.options(m.mixer).topk
@@ -73,30 +128,33 @@ def test_fig8_topk_is_a_quarter_of_the_key_rows_for_every_width_and_setting():
         if m.mixer == "gsa":
             assert m.options("gsa").num_slots == 64
         assert topk in (None, rows // 4)
+        assert (m.options("gsa").topk is None) == (topk is None)     # the plots' dense/top-k flag
         t = cfg.task.params
-        setting = "noise" if t.noise else "gap"
-        seen.add((m.mixer, d, topk is not None, setting, t.gap or t.noise, cfg.seed))
-    mixers, widths = ("gla", "metala", "gsa"), (64, 128, 256, 512)
-    gaps = {x[4] for x in seen if x[3] == "gap"}
-    noises = {x[4] for x in seen if x[3] == "noise"}
-    assert len(gaps) >= 2 and noises and 0 not in gaps
-    settings = [("gap", g) for g in gaps] + [("noise", n) for n in noises]
-    want = {(m, d, on, kind, length, s) for m, d, on, (kind, length), s
-            in itertools.product(mixers, widths, (False, True), settings, range(3))}
-    assert seen == want
+        assert t.num_kv_pairs == 16 and t.seq_len == 4 * 32 + t.gap + t.noise
+        setting = ("noise", t.noise) if t.noise else ("gap", t.gap)
+        seen.add((m.mixer, d, topk is not None, setting, cfg.seed, conv(cfg)))
+    mixers, settings = ("gla", "metala", "gsa"), (("gap", 192), ("noise", 192))
+    core = set(itertools.product(mixers, [128], (False, True), settings, (0, 1, 2), [4]))
+    widths = set(itertools.product(mixers, (64, 256), (False, True), settings, [0], [4]))
+    conv_off = set(itertools.product(mixers, [128], (False, True), settings, [0], [0]))
+    assert seen == core | widths | conv_off
+    assert {x[1] for x in seen if x[4] == 0 and x[5] == 4} == {64, 128, 256}
 
 
-def test_state_scaling_covers_every_n_k_pair_with_k_at_most_n_and_a_gla_reference():
-    pairs, mixers = set(), set()
+def test_state_scaling_covers_n_k_up_to_8_and_three_gla_references():
+    pairs, gla = set(), set()
     for p, cfg in configs("sse_state_scaling"):
-        mixers.add(cfg.model.mixer)
-        if cfg.model.mixer == "sse":
-            o = cfg.model.options("sse")
+        m = cfg.model
+        if m.mixer == "sse":
+            o = m.options("sse")
             pairs.add((o.n, o.k))
+        else:
+            assert m.mixer == "gla"
+            gla.add((m.options("gla").topk, m.options("gla").conv_size))
         t = cfg.task.params
-        assert t.noise > 0 and t.num_kv_pairs >= 64 and t.seq_len >= 512
-    assert mixers == {"gla", "sse"}
-    assert pairs == {(n, k) for n in (1, 2, 4, 8, 16) for k in (1, 2, 4, 8) if k <= n}
+        assert t.noise > 0 and t.num_kv_pairs >= mixer_config_class("gla")().state_rows(m.d_model, m.n_heads)
+    assert pairs == {(n, k) for n in (1, 2, 4, 8) for k in (1, 2, 4, 8) if k <= n}
+    assert gla == {(None, 0), (None, 4), (8, 0)}
 
 
 def test_ablations_change_one_option_at_a_time_from_the_default():
@@ -110,18 +168,25 @@ def test_ablations_change_one_option_at_a_time_from_the_default():
     assert {v[2] for v in variants} == {"none", "write", "read", "write_read"}
     assert {(cfg.model.mixer, cfg.model.options("sse").n, cfg.model.options("sse").k)
             for _, cfg in configs("sse_ablations")} == {("sse", 4, 1)}
+    scaling = {(cfg.task.params.seq_len, cfg.task.params.num_kv_pairs, cfg.task.params.noise, cfg.model.d_model)
+               for _, cfg in configs("sse_state_scaling")}
+    assert {(cfg.task.params.seq_len, cfg.task.params.num_kv_pairs, cfg.task.params.noise, cfg.model.d_model)
+            for _, cfg in configs("sse_ablations")} == scaling              # the same task
 
 
-def test_sla_heads_compares_gla_and_softmax_gla_over_heads_at_one_width():
-    seen = {(cfg.model.mixer, cfg.model.n_heads, cfg.seed) for _, cfg in configs("sla_heads")}
-    assert seen == set(itertools.product(("gla", "sla"), (4, 8, 16), range(3)))
+def test_sla_heads_compares_gla_and_softmax_gla_without_conv_plus_a_conv_gla_column():
+    seen = {(cfg.model.mixer, conv(cfg) if cfg.model.mixer == "gla" else None, cfg.model.n_heads, cfg.seed)
+            for _, cfg in configs("sla_heads")}
+    models = (("gla", 0), ("sla", None), ("gla", 4))
+    assert seen == {(m, c, h, s) for (m, c), h, s in itertools.product(models, (4, 8, 16), range(3))}
     assert {cfg.model.d_model for _, cfg in configs("sla_heads")} == {256}
     assert all(cfg.model.options("sla").base == "gla" and cfg.task.params.noise > 0 for _, cfg in configs("sla_heads"))
 
 
-def test_zoology_grid_is_the_classic_one_for_five_models():
+def test_zoology_grid_is_the_classic_one_for_five_models_up_to_d256():
     seen = set()
-    for p, cfg in configs("zoology_fig2"):
+    steps = {(64, 4): 2000, (128, 8): 2000, (256, 16): 3000, (512, 64): 4000}
+    for p, cfg in figure_configs("zoology_fig2"):
         m, t = cfg.model, cfg.task.params
         name = m.mixer
         if name == "gla" and m.options("gla").topk is not None:
@@ -131,10 +196,15 @@ def test_zoology_grid_is_the_classic_one_for_five_models():
             assert (m.options("sse").n, m.options("sse").k) == (4, 1)
         assert m.positions == ("learned" if name == "attention" else "none")
         assert m.n_heads == 1 and m.channel_mixer == "none"
-        seen.add((t.seq_len, t.num_kv_pairs, m.d_model, name, p.tune["train.lr"]))
+        assert cfg.train.steps == steps[(t.seq_len, t.num_kv_pairs)]
+        c = conv(cfg)
+        assert c == (None if name in ("attention", "sse") else 0 if (name, m.d_model) == ("gla", 128) and
+                     p.grid["model.gla.conv_size"] == 0 else 4)
+        seen.add((t.seq_len, t.num_kv_pairs, m.d_model, name, c, p.tune["train.lr"]))
     lrs = spec("zoology_fig2").tune_lists["train.lr"]
     assert [round(math.log10(x), 2) for x in lrs] == pytest.approx([-4, -10 / 3, -8 / 3, -2], abs=0.01)
-    tasks = [(64, 4), (128, 8), (256, 16), (512, 64)]
-    models = ["attention", "gla", "gla_topk", "sse", "gated_deltanet"]
-    widths = (64, 128, 256, 512)
-    assert seen == {(T, kv, d, m, lr) for (T, kv), d, m, lr in itertools.product(tasks, widths, models, lrs)}
+    models = {"attention": None, "gla": 4, "gla_topk": 4, "sse": None, "gated_deltanet": 4}
+    want = {(T, kv, d, m, c, lr) for (T, kv), d, (m, c), lr
+            in itertools.product(steps, (64, 128, 256), models.items(), lrs)}
+    want |= {(T, kv, 128, "gla", 0, lr) for (T, kv), lr in itertools.product(steps, lrs)}   # the conv-off column
+    assert seen == want
