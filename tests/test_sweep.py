@@ -198,11 +198,40 @@ def test_diverging_and_raising_trials_are_recorded_failed(tmp_path, capsys):
         t.user_attrs["failure"].split(":")[0] for t in trials_of(out) if t.number < 4 and t.state.name == "FAIL")
 
 
+def test_a_grid_points_trials_train_stacked_and_equal_one_by_one(tmp_path):
+    """One worker takes a grid point's learning rates together (3 stacked replicas, one process) and records
+    each as its own trial; in float64 their objectives equal those of the same sweep run one by one."""
+    body = """\
+        name: stacked
+        grid:
+          model.d_model: [16, 32]
+        tune:
+          train.lr: [1.0e-3, 3.0e-3, 1.0e-2]
+        """
+    path = write(tmp_path, body, steps=40)
+    path.write_text(path.read_text().replace("early_stop: null}", "early_stop: null, precision: fp64}"))
+    runs = {}
+    for stack in ("3", "1"):
+        out = tmp_path / f"out{stack}"
+        r = run_sweep(path, out, "--workers", "1", "--stack", stack)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"up to {stack} trials of a grid point stacked" in r.stdout
+        trials = trials_of(out)
+        assert sorted(completed_points(trials)) == sorted(p.point_id for p in load_sweep(path).points())
+        assert {t.user_attrs["result"]["replicas"] for t in trials} == {int(stack)}
+        runs[stack] = {(t.user_attrs["grid"]["model.d_model"], t.user_attrs["tune"]["train.lr"]): t.value
+                       for t in trials}
+    assert runs["3"] == pytest.approx(runs["1"], abs=1e-9)
+    assert len({pid_of(t) for t in trials_of(tmp_path / "out3")}) == 1
+    log = (tmp_path / "out3" / "logs" / "worker-0.log").read_text()
+    assert log.count("(stacked with 2 more)") == 6
+
+
 # ---- pruning ----------------------------------------------------------------------------------------
 
 def test_median_pruning_stops_a_hopeless_lr_within_its_grid_point(tmp_path):
-    # one worker runs the trials in queue order: two good learning rates finish, then the
-    # hopeless one (1e-7) falls below their median at its second evaluation and is stopped
+    # one worker runs the trials one by one in queue order: two good learning rates finish, then
+    # the hopeless one (1e-7) falls below their median at its second evaluation and is stopped
     path = write(tmp_path, """\
         name: prune
         tune:
@@ -210,7 +239,7 @@ def test_median_pruning_stops_a_hopeless_lr_within_its_grid_point(tmp_path):
         pruning: {median: true, warmup_evals: 1, min_trials: 2}
         """, steps=200, eval_every=50)
     out = tmp_path / "out"
-    r = run_sweep(path, out, "--workers", "1")
+    r = run_sweep(path, out, "--workers", "1", "--stack", "1")
     assert r.returncode == 0, r.stdout + r.stderr
     trials = {t.user_attrs["tune"]["train.lr"]: t for t in trials_of(out)}
     good = [trials[1e-2], trials[3e-3]]

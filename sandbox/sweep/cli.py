@@ -24,7 +24,7 @@ def cmd_sweep(args) -> int:
             return EXIT_STORAGE
     if len(args.target) != 1:
         raise ValueError("usage: sandbox sweep FILE.yaml  |  sandbox sweep status SWEEP_DIR")
-    for flag in ("workers", "workers_per_gpu", "heartbeat"):
+    for flag in ("workers", "workers_per_gpu", "heartbeat", "stack"):
         v = getattr(args, flag)
         if v is not None and v < 1:
             raise ValueError(f"--{flag.replace('_', '-')}: must be >= 1, got {v}")
@@ -36,7 +36,7 @@ def cmd_sweep(args) -> int:
         return run_sweep(spec, out, storage_url=args.storage, workers=args.workers,
                          workers_per_gpu=args.workers_per_gpu, heartbeat=args.heartbeat,
                          live=False if args.no_live else None, retry_failed=args.retry_failed,
-                         storage_timeout=args.storage_timeout)
+                         storage_timeout=args.storage_timeout, stack=args.stack)
     except StorageUnavailable as e:
         again = ["sandbox", "sweep", str(args.target[0]), "--out", str(out)]
         if args.storage:
@@ -59,7 +59,10 @@ def add_cli(sub) -> None:
     s.add_argument("--out", help="sweep directory (default sweeps_out/<sweep name>)")
     s.add_argument("--workers", type=int, help="number of worker processes (default: 1 on CPU, "
                    "--workers-per-gpu x GPUs otherwise)")
-    s.add_argument("--workers-per-gpu", type=int, help="worker processes per visible GPU (default 1)")
+    s.add_argument("--workers-per-gpu", type=int, help="worker processes per visible GPU, under CUDA MPS (default: "
+                   "one, and one more while a GPU stays under 60%% busy if MPS can be started)")
+    s.add_argument("--stack", type=int, help="trials trained together in one worker as stacked replicas, at most "
+                   "(default: the trials of a grid point, up to 8); 1 trains them one by one")
     s.add_argument("--storage", help="shared Optuna storage, e.g. postgresql://user:pw@host/db "
                    "(default: a journal file in the sweep directory)")
     s.add_argument("--heartbeat", type=int, help="seconds between worker heartbeats with --storage "

@@ -2,9 +2,10 @@
 
 It validates the sweep (spec.py), creates or loads the study (study.py), enqueues every
 point the study does not hold yet, and keeps one worker process (worker.py) per slot
-alive until the queue is empty:
-``--workers-per-gpu`` on every visible GPU (``CUDA_VISIBLE_DEVICES`` per worker), or
-``--workers`` on CPU. It requeues the trials of workers that die, samples GPU
+alive until the queue is empty. How a GPU is filled (packing.py): each worker trains the
+trials of a grid point stacked (``--stack``); a GPU starts with one worker and gets more
+only under CUDA MPS, while its measured utilisation stays low (or ``--workers-per-gpu N``
+under MPS); on CPU ``--workers``. It requeues the trials of workers that die, samples GPU
 utilisation, shows the live table and writes the outputs (report.py).
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+from sandbox.sweep import packing
 from sandbox.sweep.storage import DEFAULT_TIMEOUT_S, EXIT_STORAGE, StorageUnavailable
 from sandbox.sweep.study import enqueue_points, load_study, open_storage, prepare_study, reap, trials_in, uses_heartbeat
 
@@ -53,7 +55,7 @@ class GpuSampler(threading.Thread):
 
     def __init__(self, gpus: list[str] = (), period: float = 2.0):
         super().__init__(daemon=True)
-        self.period, self.samples, self.done = period, [], threading.Event()
+        self.period, self.samples, self.times, self.done = period, [], [], threading.Event()
         self.enabled = shutil.which("nvidia-smi") is not None
         self.select = ["-i", ",".join(gpus)] if gpus and all(g.isdigit() for g in gpus) else []
 
@@ -65,6 +67,7 @@ class GpuSampler(threading.Thread):
                                      timeout=10).stdout
                 self.samples.append({int(i): (float(u), float(m)) for i, u, m in
                                      (line.split(", ") for line in out.strip().splitlines())})
+                self.times.append(time.time())
             except (OSError, ValueError, subprocess.SubprocessError):
                 pass
 
@@ -76,14 +79,14 @@ class GpuSampler(threading.Thread):
 
 def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers: int | None = None,
               workers_per_gpu: int | None = None, heartbeat: int | None = None, live: bool | None = None,
-              retry_failed: bool = False, storage_timeout: float = DEFAULT_TIMEOUT_S) -> int:
+              retry_failed: bool = False, storage_timeout: float = DEFAULT_TIMEOUT_S, stack: int | None = None) -> int:
     import optuna
     from sandbox.sweep import report
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = report.make_console()
     gpus = visible_gpus()
-    slots = worker_slots(gpus, workers, workers_per_gpu)
+    worker_slots(gpus, workers, workers_per_gpu)          # argument errors before anything starts
     sweep_dir.mkdir(parents=True, exist_ok=True)
     # One launcher per journal: it may then treat every RUNNING trial whose worker process is
     # gone as lost. With a shared database several launchers (machines) may share a directory.
@@ -105,6 +108,18 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
     study = load_study(storage, spec.name, spec.fingerprint()["pruning"])
     notes = reap(study, hb, adopt_foreign=True)
     added = enqueue_points(study, spec, retry_failed)
+    stack = packing.group_size(spec) if stack is None else stack
+    mps, grow = None, False
+    if gpus and (workers_per_gpu is None or workers_per_gpu > 1) and not workers:
+        mps = packing.MPS(sweep_dir)
+        if not mps.start():
+            if workers_per_gpu:
+                console.print(f"packing: CUDA MPS is unavailable ({mps.reason}): one worker per GPU, since "
+                              f"processes without MPS only take turns on a GPU")
+                workers_per_gpu = 1
+            mps = None
+        grow = mps is not None and workers_per_gpu is None
+    slots = worker_slots(gpus, workers, workers_per_gpu)
     threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, (os.cpu_count() or 1) // len(slots))
     (sweep_dir / "logs").mkdir(exist_ok=True)
     where = f"{len(gpus)} GPU(s) x {len(slots) // len(gpus)}" if gpus else "CPU"
@@ -112,15 +127,21 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                   f"{len(slots)} workers on {where}; storage "
                   f"{_public_url(storage_url) if storage_url else sweep_dir / 'study.journal'}; "
                   f"dir {sweep_dir}; logs {sweep_dir / 'logs'}")
+    console.print(f"packing: up to {stack} trials of a grid point stacked in each worker; "
+                  + (f"{len(slots) // len(gpus)} worker(s) per GPU" if gpus else f"{len(slots)} CPU worker(s)")
+                  + (f" under CUDA MPS (private daemon in {mps.root})" if mps else "")
+                  + (f", one more while a GPU stays under {packing.IDLE_BELOW:.0f}% busy for "
+                     f"{packing.WINDOW_S:.0f} s (at most {packing.MAX_WORKERS_PER_GPU})" if grow else ""))
     for note in notes:
         console.print(note)
 
     def spawn(slot: int) -> subprocess.Popen:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(mps.env if mps else {}))
         if slots[slot] is not None:
             env["CUDA_VISIBLE_DEVICES"] = slots[slot]
         cmd = [sys.executable, "-m", "sandbox.sweep.worker", "--worker", str(sweep_dir), "--study", spec.name,
-               "--parent", str(os.getpid()), "--threads", str(threads), "--storage-timeout", str(storage_timeout)]
+               "--parent", str(os.getpid()), "--threads", str(threads), "--storage-timeout", str(storage_timeout),
+               "--stack", str(stack)]
         if storage_url:
             cmd += ["--storage", storage_url, "--heartbeat", str(heartbeat or 10)]
         with open(sweep_dir / "logs" / f"worker-{slot}.log", "a") as log:    # workers get their own session:
@@ -130,6 +151,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
     procs: dict[int, subprocess.Popen] = {}
     crashes, interrupted = 0, False
     t0 = time.time()
+    changed = {g: t0 for g in gpus}
     sampler = GpuSampler(gpus)
     sampler.start()
     board = report.Board(console, spec.name, t0, live, spec.objective.direction)
@@ -152,6 +174,18 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                 if waiting and not crashed:
                     for slot in [s for s in range(len(slots)) if s not in procs][:waiting]:
                         procs[slot] = spawn(slot)
+                        waiting -= stack
+                if grow and waiting > 0 and not crashed:
+                    now = time.time()
+                    for g in gpus:
+                        n = sum(slots[s] == g for s in procs)
+                        if (g.isdigit() and n < packing.MAX_WORKERS_PER_GPU and now - changed[g] > packing.WINDOW_S
+                                and packing.underfilled(sampler.samples, sampler.times, int(g), now)):
+                            slots.append(g)
+                            changed[g] = now
+                            procs[len(slots) - 1] = spawn(len(slots) - 1)
+                            board.note(f"packing: gpu{g} stayed under {packing.IDLE_BELOW:.0f}% busy; "
+                                       f"worker {n + 1} on it")
                 board.update(trials, len(procs), sampler.latest())
                 if not procs:
                     if crashed:
@@ -171,6 +205,8 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
         raise
     finally:
         sampler.done.set()
+        if mps is not None:
+            mps.stop()
         wall = time.time() - t0
         try:
             trials = trials_in(study)

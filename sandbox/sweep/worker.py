@@ -1,10 +1,16 @@
 """A sweep worker process: pulls WAITING trials from the study until none are left and
-trains each with ``sandbox.train.train`` (``python -m sandbox.sweep.worker``, started
-by the launcher in sandbox/sweep/runner.py with one ``CUDA_VISIBLE_DEVICES`` GPU).
+trains them with ``sandbox.train.train_replicas`` (``python -m sandbox.sweep.worker``,
+started by the launcher in sandbox/sweep/runner.py with one ``CUDA_VISIBLE_DEVICES`` GPU).
+
+With ``--stack N`` it takes up to N waiting trials whose configurations differ only in
+learning rate and seed (a grid point's tuned values) and trains them as stacked replicas
+of one model: one process start, one compilation and one data pool for all of them, and
+each still its own trial, run directory, early stop and result. A trial that resumes from a
+checkpoint trains alone.
 
 A diverging, out-of-memory or raising trial is recorded as failed with its reason and
 the worker goes on. SIGINT/SIGTERM (or the launcher dying) interrupts the running
-trial at once: ``train`` saves a checkpoint and the trial is requeued to resume.
+trials at once: ``train`` saves their checkpoints and they are requeued to resume.
 Storage outages are ridden through (storage.py): evaluations are sent from a background
 thread; past ``--storage-timeout`` the trial is stopped the same way and the worker exits
 with EXIT_STORAGE (its trial is requeued by whoever reaches the storage next).
@@ -21,16 +27,17 @@ import time
 from pathlib import Path
 
 from sandbox.sweep.storage import DEFAULT_TIMEOUT_S, EXIT_STORAGE, StorageUnavailable, TrialReporter
-from sandbox.sweep.study import (FINAL_FAIL, HOST, heartbeat_interval, holds, load_study, make_pruner,
+from sandbox.sweep.study import (FINAL_FAIL, HOST, heartbeat_interval, holds, load_study, make_pruner, objective_value,
                                  open_storage, requeue, trials_in, uses_heartbeat)
 
 
 class _Worker:
-    def __init__(self, sweep_dir: Path, study, parent: int, gpu: str | None):
-        self.dir, self.study, self.parent, self.gpu = sweep_dir, study, parent, gpu
+    def __init__(self, sweep_dir: Path, study, parent: int, gpu: str | None, stack: int = 1):
+        self.dir, self.study, self.parent, self.gpu, self.stack = sweep_dir, study, parent, gpu, stack
         self.spec = study.user_attrs["spec"]
         self.training = False
         self.stop = False
+        self._keys: dict[int, str | None] = {}
 
     def on_signal(self, signum, frame):
         self.stop = True
@@ -45,13 +52,46 @@ class _Worker:
                 return
             time.sleep(1.0)
 
-    def claim(self):
-        """Take a WAITING trial (atomically, as Optuna's own queue does); drop duplicates."""
+    def claim(self) -> list[int]:
+        """Take a WAITING trial and, up to ``--stack``, the waiting trials that can train stacked with it."""
+        first = self._claim_one()
+        if first is None:
+            return []
+        key = self._stack_key(self.study._storage.get_trial(first))
+        group = [first]
+        while key is not None and len(group) < self.stack:
+            tid = self._claim_one(lambda t: self._stack_key(t) == key)
+            if tid is None:
+                break
+            group.append(tid)
+        return group
+
+    def _stack_key(self, t) -> str | None:
+        """What a trial must share with the others of a stack (None: it trains alone, e.g. it resumes)."""
+        if t.number not in self._keys:
+            from sandbox.sweep.spec import build_config
+            from sandbox.train import stack_key
+            run_dir = t.user_attrs.get("run_dir")
+            if run_dir and (self.dir / run_dir / "checkpoint.pt").exists():
+                self._keys[t.number] = None
+            else:
+                try:
+                    self._keys[t.number] = stack_key(build_config(self.spec["base"],
+                                                                  {**t.user_attrs["grid"], **t.user_attrs["tune"]}))
+                except Exception:
+                    self._keys[t.number] = None
+        return self._keys[t.number]
+
+    def _claim_one(self, wanted=lambda t: True):
+        """Take a WAITING trial that ``wanted`` accepts (atomically, as Optuna's own queue does); drop
+        duplicates."""
         from optuna.exceptions import UpdateFinishedTrialError
         from optuna.trial import TrialState
 
         storage = self.study._storage
         for t in trials_in(self.study, (TrialState.WAITING,)):
+            if not wanted(t):
+                continue
             try:
                 if not storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
                     continue
@@ -86,92 +126,112 @@ class _Worker:
         self.study._storage.guard.on_give_up = self.on_storage_lost
         threading.Thread(target=self.watch_parent, daemon=True).start()
         while not self.stop:
-            tid = self.claim()
-            if tid is None:
+            tids = self.claim()
+            if not tids:
                 return 0
-            code = self.run_trial(tid)
+            code = self.run_group(tids)
             if code is not None:
                 return code
         return 0
 
-    def run_trial(self, tid: int) -> int | None:
+    def run_group(self, tids: list[int]) -> int | None:
+        """Train the claimed trials (stacked when there are several) and record how each ended."""
         import optuna
         import torch
         from sandbox.sweep.spec import build_config
-        from sandbox.sweep.study import objective_value
-        from sandbox.train import StopTraining, TrainingDiverged, train
+        from sandbox.train import StopTraining, train_replicas
 
         study, storage = self.study, self.study._storage
-        trial = optuna.trial.Trial(study, tid)
-        attrs = storage.get_trial(tid).user_attrs
-        run_dir = attrs.get("run_dir") or f"trials/{trial.number}-{attrs['point_id'][:8]}"
-        storage.set_trial_user_attr(tid, "run_dir", run_dir)
-        obj = self.spec["objective"]
-        pruning = self.spec["pruning"]
+        obj, pruning = self.spec["objective"], self.spec["pruning"]
+        trials, run_dirs, reporters, callbacks, cfgs = [], [], [], [], []
+        for tid in tids:
+            trial = optuna.trial.Trial(study, tid)
+            attrs = storage.get_trial(tid).user_attrs
+            run_dir = attrs.get("run_dir") or f"trials/{trial.number}-{attrs['point_id'][:8]}"
+            storage.set_trial_user_attr(tid, "run_dir", run_dir)
+            reporter = TrialReporter(trial, storage.guard)     # training never waits for the storage
+
+            def on_eval(step, metrics, reporter=reporter):
+                reporter.report(metrics[obj["metric"]], step)
+                if pruning and reporter.should_prune(step):
+                    raise StopTraining(f"pruned at step {step}: {obj['metric']} {metrics[obj['metric']]:.4f} "
+                                       f"below the median of its grid point")
+
+            trials.append(trial)
+            run_dirs.append(run_dir)
+            reporters.append(reporter)
+            callbacks.append(on_eval)
+            cfgs.append((attrs, run_dir))
         beat = threading.Event()
         if uses_heartbeat(storage):
             def heartbeat():
                 while not beat.wait(heartbeat_interval(storage)):
-                    storage.record_heartbeat(tid)
+                    for tid in tids:
+                        storage.record_heartbeat(tid)
             threading.Thread(target=heartbeat, daemon=True).start()
 
-        reporter = TrialReporter(trial, storage.guard)     # training never waits for the storage
-
-        def on_eval(step, metrics):
-            reporter.report(metrics[obj["metric"]], step)
-            if pruning and reporter.should_prune(step):
-                raise StopTraining(f"pruned at step {step}: {obj['metric']} {metrics[obj['metric']]:.4f} "
-                                   f"below the median of its grid point")
-
-        failure = None
+        results, failure = None, None
         try:
-            cfg = build_config(self.spec["base"], {**attrs["grid"], **attrs["tune"]})
-            cfg.name = f"{study.study_name}/{Path(run_dir).name}"
-            path = self.dir / run_dir
-            _drop_unreadable_checkpoint(path / "checkpoint.pt")
+            configs = []
+            for attrs, run_dir in cfgs:
+                cfg = build_config(self.spec["base"], {**attrs["grid"], **attrs["tune"]})
+                cfg.name = f"{study.study_name}/{Path(run_dir).name}"
+                _drop_unreadable_checkpoint(self.dir / run_dir / "checkpoint.pt")
+                configs.append(cfg)
             if self.stop:
                 raise KeyboardInterrupt
             self.training = True
             try:
-                res = train(cfg, path, progress=False, on_eval=on_eval)
+                results = train_replicas(configs, [self.dir / d for d in run_dirs], progress=False,
+                                         on_eval=callbacks)
             finally:
                 self.training = False
         except KeyboardInterrupt:
             beat.set()
-            reporter.abandon()
-            requeue(study, storage.get_trial(tid), "interrupted", count=False)
+            for tid, reporter in zip(tids, reporters):
+                reporter.abandon()
+                requeue(study, storage.get_trial(tid), "interrupted", count=False)
             return 130
-        except TrainingDiverged as e:
-            failure = f"diverged: {e}"
+        except ValueError as e:
+            if len(tids) > 1 and "cannot train stacked" in str(e):      # a mixer that must train alone
+                beat.set()
+                self.stack = 1
+                return next((c for c in (self.run_group([tid]) for tid in tids) if c is not None), None)
+            failure = f"ValueError: {str(e).splitlines()[0]}"
         except torch.cuda.OutOfMemoryError as e:
             failure = f"CUDA out of memory: {str(e).splitlines()[0]}"
-        except Exception as e:              # any other error is this trial's, not the sweep's
+        except Exception as e:              # any other error is these trials', not the sweep's
             failure = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         beat.set()
-        try:
-            reporter.close()                # the evaluations not sent yet (e.g. during an outage)
-            if failure is not None:
-                storage.set_trial_user_attr(tid, FINAL_FAIL, failure)
-                _attach_result(storage, tid, self.dir / run_dir)
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                print(f"trial {trial.number} failed: {failure}", flush=True)
-                if "CUDA error" in failure:     # the CUDA context may be broken: let the launcher respawn us
-                    return 3
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-                return None
-            _attach_result(storage, tid, self.dir / run_dir, res)
-            if res["status"] == "stopped":
-                storage.set_trial_user_attr(tid, "pruned", res["error"])
-                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            else:
-                study.tell(trial, objective_value(res["history"], obj["metric"], obj["mode"], obj["direction"]))
-        except optuna.exceptions.UpdateFinishedTrialError:
-            # declared lost meanwhile (e.g. a heartbeat missed during a long stall): its retry counts
-            print(f"trial {trial.number} was declared lost while it ran; its retry counts", flush=True)
-            return None
-        print(f"trial {trial.number} {res['status']} in {res['wall_time_s']:.1f} s", flush=True)
-        return None
+        code = None
+        for i, (tid, trial, run_dir, reporter) in enumerate(zip(tids, trials, run_dirs, reporters)):
+            res = results[i] if results is not None else None
+            why = failure if res is None else f"diverged: {res['error']}" if res["status"] == "diverged" else None
+            try:
+                reporter.close()                # the evaluations not sent yet (e.g. during an outage)
+                if why is not None:
+                    storage.set_trial_user_attr(tid, FINAL_FAIL, why)
+                    _attach_result(storage, tid, self.dir / run_dir, res)
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    print(f"trial {trial.number} failed: {why}", flush=True)
+                    if "CUDA error" in why:     # the CUDA context may be broken: let the launcher respawn us
+                        code = 3
+                    continue
+                _attach_result(storage, tid, self.dir / run_dir, res)
+                if res["status"] == "stopped":
+                    storage.set_trial_user_attr(tid, "pruned", res["error"])
+                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                else:
+                    study.tell(trial, objective_value(res["history"], obj["metric"], obj["mode"], obj["direction"]))
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # declared lost meanwhile (e.g. a heartbeat missed during a long stall): its retry counts
+                print(f"trial {trial.number} was declared lost while it ran; its retry counts", flush=True)
+                continue
+            stacked = f" (stacked with {len(tids) - 1} more)" if len(tids) > 1 else ""
+            print(f"trial {trial.number} {res['status']} in {res['wall_time_s']:.1f} s{stacked}", flush=True)
+        if failure is not None and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return code
 
 
 def _drop_unreadable_checkpoint(path: Path) -> None:
@@ -192,7 +252,7 @@ def _attach_result(storage, tid: int, run_dir: Path, res: dict | None = None) ->
             res = None
     if res is not None:
         keep = ("status", "final_accuracy", "best_accuracy", "best_step", "steps", "wall_time_s",
-                "train_time_s", "steps_per_sec", "params", "state_size", "device")
+                "train_time_s", "steps_per_sec", "replicas", "params", "state_size", "device")
         storage.set_trial_user_attr(tid, "result", {k: res.get(k) for k in keep})
 
 
@@ -205,6 +265,7 @@ def worker_main(argv=None) -> int:
     p.add_argument("--parent", type=int, required=True)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--storage-timeout", type=float, default=DEFAULT_TIMEOUT_S)
+    p.add_argument("--stack", type=int, default=1, help="trials trained together as stacked replicas, at most")
     a = p.parse_args(argv)
     import optuna
     import torch
@@ -217,7 +278,7 @@ def worker_main(argv=None) -> int:
         if study.user_attrs["spec"]["pruning"]:
             study.pruner = make_pruner(study.user_attrs["spec"]["pruning"])
         gpu = os.environ.get("CUDA_VISIBLE_DEVICES") or None
-        return _Worker(sweep_dir, study, a.parent, gpu).run()
+        return _Worker(sweep_dir, study, a.parent, gpu, a.stack).run()
     except StorageUnavailable as e:     # the one place a worker ends for the storage
         print(f"worker stopped: {e}", flush=True)
         return EXIT_STORAGE

@@ -1,0 +1,85 @@
+"""How a sweep fills its GPUs: stacked replicas in a process, and how many processes per GPU.
+
+Measured on an H200 (results/throughput/): at batch 256 one training process keeps the GPU busy
+for every reference configuration from attention d64 T64 upwards, and several plain processes on
+one GPU only time-slice it (8 of them summed about what one alone did). So:
+
+* the trials of a grid point that differ only in learning rate (and seed) train in one process as
+  stacked replicas (``sandbox.train.train_replicas``): one start-up, one compilation, one data pool;
+* a GPU starts with one worker process; the launcher adds one only when the GPU's measured
+  utilisation stays low (start-up, compilation and evaluation leave it idle) and only under CUDA
+  MPS, which lets processes share the GPU's units instead of taking turns. Without MPS it never
+  packs processes.
+
+``MPS`` starts a private MPS control daemon (its own pipe and log directories inside the sweep
+directory, so it touches no other user of the GPU) and stops it when the sweep ends.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+MAX_WORKERS_PER_GPU = 4
+IDLE_BELOW = 60.0             # % utilisation (nvidia-smi) under which a GPU counts as underfilled
+WINDOW_S = 60.0               # seconds of samples a decision looks at
+
+
+class MPS:
+    """A private CUDA MPS control daemon for the sweep's worker processes."""
+
+    def __init__(self, sweep_dir: Path):
+        self.root = Path(sweep_dir) / "mps"
+        self.env = {"CUDA_MPS_PIPE_DIRECTORY": str(self.root / "pipe"),
+                    "CUDA_MPS_LOG_DIRECTORY": str(self.root / "log")}
+        self.running = False
+        self.reason = ""
+
+    def start(self) -> bool:
+        """Start the daemon; False (and ``reason``) where MPS is not available here."""
+        binary = shutil.which("nvidia-cuda-mps-control")
+        if binary is None:
+            self.reason = "nvidia-cuda-mps-control is not installed"
+            return False
+        for d in self.env.values():
+            Path(d).mkdir(parents=True, exist_ok=True)
+        try:
+            p = subprocess.run([binary, "-d"], env={**os.environ, **self.env}, capture_output=True, text=True,
+                               timeout=30)
+        except (OSError, subprocess.SubprocessError) as e:
+            self.reason = f"nvidia-cuda-mps-control -d failed: {e}"
+            return False
+        if p.returncode:
+            self.reason = f"nvidia-cuda-mps-control -d exited {p.returncode}: {(p.stderr or p.stdout).strip()[:200]}"
+            return False
+        self.running = True
+        return True
+
+    def stop(self) -> None:
+        if not self.running:
+            return
+        try:
+            subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", env={**os.environ, **self.env},
+                           capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            pass
+        self.running = False
+
+
+def underfilled(samples: list[dict], times: list[float], gpu: int, now: float, window_s: float = WINDOW_S,
+                below: float = IDLE_BELOW) -> bool | None:
+    """Whether GPU ``gpu`` was underfilled over the last ``window_s`` seconds of ``samples``
+    (``[{gpu index: (utilisation %, memory MiB)}, ...]`` taken at ``times``): its mean utilisation
+    below ``below``. None while the window holds too few samples to tell."""
+    recent = [s[gpu][0] for s, t in zip(samples, times) if now - t <= window_s and gpu in s]
+    if len(recent) < 5:
+        return None
+    return sum(recent) / len(recent) < below
+
+
+def group_size(spec, cap: int = 8) -> int:
+    """Trials stacked in one process: as many as a grid point has (its tuned values), at most ``cap``."""
+    from collections import Counter
+    per_point = Counter(p.grid_id for p in spec.points())
+    return max(1, min(cap, max(per_point.values(), default=1)))
