@@ -34,7 +34,7 @@ import triton.language as tl
 
 from sandbox.kernels.triton_chunk_common import (BC, BT, _chunk_bounds, _chunk_decay, _diag_decay, _gate_kind,
                                                  _geometry, _intra_bk, _p2, _par_tiles, _pick, chunk_table,
-                                                 diag_block_limit, run_states)
+                                                 diag_block_limit, fold_replicas, run_states)
 from sandbox.kernels.triton_chunk_bwd import _bwd
 
 __all__ = ["chunk_gla", "chunk_table"]
@@ -323,17 +323,8 @@ def _op_fwd_vmap(info, in_dims, q, k, v, g, h0, cu_seqlens, scale, output_final_
     if cu_seqlens is not None or in_dims[5] is not None:
         raise NotImplementedError("chunk_gla: vmap over packed segments (cu_seqlens) is not supported")
     R = info.batch_size
-
-    def fold(x, d):
-        if x is None:
-            return None
-        x = x.movedim(d, 0) if d is not None else x.expand(R, *x.shape)
-        return x.reshape(R * x.shape[1], *x.shape[2:])
-
-    q, k, v, g, h0 = (fold(x, d) for x, d in zip((q, k, v, g, h0), in_dims[:5]))
-    out = torch.ops.sandbox.chunk_gla_fwd(q.contiguous(), k.contiguous(), v.contiguous(),
-                                          g.contiguous() if g is not None else None,
-                                          h0.contiguous() if h0 is not None else None, None, scale, output_final_state)
+    q, k, v, g, h0 = (fold_replicas(x, d, R) for x, d in zip((q, k, v, g, h0), in_dims[:5]))
+    out = torch.ops.sandbox.chunk_gla_fwd(q, k, v, g, h0, None, scale, output_final_state)
     o, ht = out[0], out[1]
     o = o.view(R, -1, *o.shape[1:])
     ht = ht.view(R, -1, *ht.shape[1:]) if output_final_state else ht

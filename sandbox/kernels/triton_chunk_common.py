@@ -240,3 +240,12 @@ def run_states(a, b, gc, gate, s0, store_end, geo, scale, reverse):
                               T, scale, H, K=K, V=V, GATE=gate, IS_VARLEN=varlen, REVERSE=reverse,
                               HAS_S0=s0 is not None, STORE_END=store_end, BT=BT, BK=bk, BV=bv, NV=NV, num_warps=nw)
     return hs, end
+
+
+def fold_replicas(x, dim, R: int):
+    """For a custom op's vmap rule: ``x`` with its replica axis ``dim`` (None: shared by all R replicas)
+    folded into its first axis, ``[R, B, ...] -> [R * B, ...]``, contiguous. None stays None."""
+    if x is None:
+        return None
+    x = x.movedim(dim, 0) if dim is not None else x.expand(R, *x.shape)
+    return x.reshape(R * x.shape[1], *x.shape[2:]).contiguous()

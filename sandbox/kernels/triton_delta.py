@@ -22,7 +22,7 @@ import torch.utils.flop_counter
 import triton
 import triton.language as tl
 
-from sandbox.kernels.triton_chunk_common import chunk_table
+from sandbox.kernels.triton_chunk_common import chunk_table, fold_replicas
 
 C = 64
 
@@ -229,14 +229,7 @@ def _scan_fwd_vmap(info, in_dims, qg, kl, w, u, aqk, el, h0, co, N, output_final
     if in_dims[7] is not None:
         raise NotImplementedError("delta scan: vmap over the chunk offsets is not supported")
     R = info.batch_size
-
-    def fold(x, d):
-        if x is None:
-            return None
-        x = x.movedim(d, 0) if d is not None else x.expand(R, *x.shape)
-        return x.reshape(R * x.shape[1], *x.shape[2:]).contiguous()
-
-    qg, kl, w, u, aqk, el, h0 = (fold(x, d) for x, d in zip((qg, kl, w, u, aqk, el, h0), in_dims[:7]))
+    qg, kl, w, u, aqk, el, h0 = (fold_replicas(x, d, R) for x, d in zip((qg, kl, w, u, aqk, el, h0), in_dims[:7]))
     NC = qg.shape[0] // R
     starts = (co[:-1][None, :] + NC * torch.arange(R, device=co.device, dtype=co.dtype)[:, None]).reshape(-1)
     co = torch.cat([starts, co.new_full((1,), R * NC)])
