@@ -10,7 +10,10 @@
 #                            tiles that Triton 3.6 miscompiles on Hopper)
 #   bench-kernels [ARGS]     `sandbox bench kernels --check ARGS` (fla beside ours when its wheel is in .whl)
 #   bench-train [ARGS]       `sandbox bench train --ref .ref/REF ARGS` (REF: the newest directory in .ref)
-#   sweep FILE [ARGS]        `sandbox sweep FILE --out results/NAME ARGS` (resumes); tars the directory
+#   bench-sweep FILE [ARGS]  `sandbox bench sweep FILE --ref .ref/REF ARGS` (trial-steps per GPU-second)
+#   sweep FILE [ARGS]        `sandbox sweep FILE --out results/NAME ARGS` (resumes), stopped in order after
+#                            SWEEP_SECONDS (default 530, inside a call's 10 minutes); tars the directory
+#                            without checkpoints (a trial interrupted there restarts in the next call)
 #   collect DIR...           tar the named directories into $OUT/collect.tar.gz
 #
 # What the GPU image lacks travels with the call: Python wheels in .whl/ (optuna and its needs, fla:
@@ -54,17 +57,25 @@ bench-train)
     cp /tmp/bench_train/bench.json "$OUT/bench_train.json" 2>/dev/null
     tar -czf "$OUT/bench_train_logs.tar.gz" -C /tmp bench_train --exclude='*.pt' --exclude='events.*' 2>/dev/null
     ;;
+bench-sweep)
+    file="$1"; shift
+    ref=$(ls -td .ref/*/ 2>/dev/null | head -n 1)
+    sandbox bench sweep "$file" ${ref:+--ref "$ref"} --out /tmp/bench_sweep "$@" 2>&1 | tee "$OUT/bench_sweep.txt"
+    cp /tmp/bench_sweep/bench.json "$OUT/bench_sweep.json" 2>/dev/null
+    tar -czf "$OUT/bench_sweep_logs.tar.gz" -C /tmp bench_sweep --exclude='*.pt' --exclude='events.*' 2>/dev/null
+    ;;
 sweep)
     file="$1"; shift
     name=$(python3 -c "import yaml, sys; print(yaml.safe_load(open(sys.argv[1]))['name'])" "$file")
-    sandbox sweep "$file" --out "results/$name" --no-live "$@" 2>&1 | tee "$OUT/sweep_$name.txt"
+    timeout -s INT "${SWEEP_SECONDS:-530}" python3 -m sandbox.cli sweep "$file" --out "results/$name" --no-live "$@" \
+        2>&1 | tee "$OUT/sweep_$name.txt"
     tar -czf "$OUT/sweep_$name.tar.gz" --exclude='*.pt' --exclude='events.*' "results/$name"
     ;;
 collect)
     tar -czf "$OUT/collect.tar.gz" "$@"
     ;;
 *)
-    sed -n '2,22p' "$0"
+    sed -n "2,23p" "$0"
     exit 2
     ;;
 esac

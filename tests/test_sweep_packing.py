@@ -18,7 +18,7 @@ def test_a_gpu_counts_as_underfilled_from_a_minute_of_samples():
     assert packing.underfilled(mixed, times, 0, now) is False
 
 
-def test_stack_size_is_a_grid_points_trial_count(tmp_path):
+def test_stack_size_counts_the_trials_that_share_every_shape(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(textwrap.dedent("""\
         name: s
@@ -33,6 +33,9 @@ def test_stack_size_is_a_grid_points_trial_count(tmp_path):
     spec = load_sweep(path)
     assert packing.group_size(spec) == 3
     assert packing.group_size(spec, cap=2) == 2
+    # seeds of a grid point stack with its learning rates: 2 seeds x 3 lrs
+    path.write_text(path.read_text().replace("grid:\n", "grid:\n  seed: [0, 1]\n"))
+    assert packing.group_size(load_sweep(path)) == 6
 
 
 def test_mps_that_cannot_start_says_why(tmp_path, monkeypatch):

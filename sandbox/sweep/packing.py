@@ -4,11 +4,14 @@ Measured on an H200 (results/throughput/): at batch 256 one training process kee
 for every reference configuration from attention d64 T64 upwards, and several plain processes on
 one GPU only time-slice it (8 of them summed about what one alone did). So:
 
-* the trials of a grid point that differ only in learning rate (and seed) train in one process as
-  stacked replicas (``sandbox.train.train_replicas``): one start-up, one compilation, one data pool;
-* a GPU starts with one worker process; the launcher adds one only when the GPU's measured
-  utilisation stays low (start-up, compilation and evaluation leave it idle) and only under CUDA
-  MPS, which lets processes share the GPU's units instead of taking turns. Without MPS it never
+* the trials that differ only in learning rate and seed (a grid point's tuned values, and the same
+  point's other seeds) train in one process as stacked replicas (``sandbox.train.train_replicas``):
+  one start-up, one compilation, one data pool per seed;
+* under CUDA MPS, which lets processes share the GPU's units instead of taking turns, a GPU starts
+  with two worker processes: a worker's start-up for each group (the data pool, compilation and
+  graph capture, mostly host work) leaves the GPU idle, and a 12-trial sweep with one worker kept
+  the GPU 8% busy (results/sweep_packing/), so a second worker trains while the first starts.
+  The launcher adds one more while the GPU's measured utilisation stays low. Without MPS it never
   packs processes.
 
 ``MPS`` starts a private MPS control daemon (its own pipe and log directories inside the sweep
@@ -21,9 +24,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+START_WORKERS_PER_GPU = 2     # under MPS
 MAX_WORKERS_PER_GPU = 4
 IDLE_BELOW = 60.0             # % utilisation (nvidia-smi) under which a GPU counts as underfilled
-WINDOW_S = 60.0               # seconds of samples a decision looks at
+WINDOW_S = 30.0               # seconds of samples a decision looks at
 
 
 class MPS:
@@ -78,8 +82,17 @@ def underfilled(samples: list[dict], times: list[float], gpu: int, now: float, w
     return sum(recent) / len(recent) < below
 
 
-def group_size(spec, cap: int = 8) -> int:
-    """Trials stacked in one process: as many as a grid point has (its tuned values), at most ``cap``."""
+def group_size(spec, cap: int = 12) -> int:
+    """Trials stacked in one process: as many as share every shape (a grid point's tuned values, and the
+    grid points that differ only in seed), at most ``cap``."""
     from collections import Counter
-    per_point = Counter(p.grid_id for p in spec.points())
-    return max(1, min(cap, max(per_point.values(), default=1)))
+
+    from sandbox.sweep.spec import build_config
+    from sandbox.train import stack_key
+    keys = Counter()
+    for p in spec.points():
+        try:
+            keys[stack_key(build_config(spec.base, {**p.grid, **p.tune}))] += 1
+        except Exception:            # an invalid point fails as its own trial, with its own message
+            keys[p.point_id] += 1
+    return max(1, min(cap, max(keys.values(), default=1)))

@@ -3,8 +3,8 @@
 It validates the sweep (spec.py), creates or loads the study (study.py), enqueues every
 point the study does not hold yet, and keeps one worker process (worker.py) per slot
 alive until the queue is empty. How a GPU is filled (packing.py): each worker trains the
-trials of a grid point stacked (``--stack``); a GPU starts with one worker and gets more
-only under CUDA MPS, while its measured utilisation stays low (or ``--workers-per-gpu N``
+trials of a grid point stacked (``--stack``); a GPU has one worker, or under CUDA MPS two
+to start with and more while its measured utilisation stays low (or ``--workers-per-gpu N``
 under MPS); on CPU ``--workers``. It requeues the trials of workers that die, samples GPU
 utilisation, shows the live table and writes the outputs (report.py).
 """
@@ -119,7 +119,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                 workers_per_gpu = 1
             mps = None
         grow = mps is not None and workers_per_gpu is None
-    slots = worker_slots(gpus, workers, workers_per_gpu)
+    slots = worker_slots(gpus, workers, packing.START_WORKERS_PER_GPU if grow else workers_per_gpu)
     threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, (os.cpu_count() or 1) // len(slots))
     (sweep_dir / "logs").mkdir(exist_ok=True)
     where = f"{len(gpus)} GPU(s) x {len(slots) // len(gpus)}" if gpus else "CPU"

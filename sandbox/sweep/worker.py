@@ -199,6 +199,17 @@ class _Worker:
                 return next((c for c in (self.run_group([tid]) for tid in tids) if c is not None), None)
             failure = f"ValueError: {str(e).splitlines()[0]}"
         except torch.cuda.OutOfMemoryError as e:
+            if len(tids) > 1:           # the stack did not fit: train it (and stack from now on) in halves
+                beat.set()
+                torch.cuda.empty_cache()
+                self.stack = max(1, len(tids) // 2)
+                print(f"trials {', '.join(str(t.number) for t in trials)}: out of GPU memory as a stack of "
+                      f"{len(tids)}; training them in stacks of {self.stack}", flush=True)
+                for part in (tids[:self.stack], tids[self.stack:]):
+                    code = self.run_group(part)
+                    if code is not None:
+                        return code
+                return None
             failure = f"CUDA out of memory: {str(e).splitlines()[0]}"
         except Exception as e:              # any other error is these trials', not the sweep's
             failure = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

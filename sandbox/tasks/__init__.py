@@ -29,6 +29,7 @@ class TrainBatches:
         self.task, self.batch_size = task, batch_size
         per_step = 2 * 4 * batch_size * task.seq_len
         self.span = max(1, max_bytes // per_step)
+        self.steps = steps
         if steps is not None:
             self.span = min(self.span, steps)
         self.first = None
@@ -47,8 +48,9 @@ class TrainBatches:
             self.x = torch.empty(self.span * B, T, dtype=torch.int32, device=self.task.device)
             self.y = torch.empty_like(self.x)
         per_call = max(1, getattr(self.task, "rows_per_call", B) // B)       # steps per generator call
-        for s in range(0, self.span, per_call):
-            n = min(per_call, self.span - s)
+        span = self.span if self.steps is None else max(1, min(self.span, self.steps - first))  # a resumed run
+        for s in range(0, span, per_call):
+            n = min(per_call, span - s)
             x, y = self.task.sample(B, "train", first + s, count=n)
             self.x[s * B:(s + n) * B] = x
             self.y[s * B:(s + n) * B] = y

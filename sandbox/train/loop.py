@@ -67,11 +67,23 @@ def use_cuda_graph(setting, device: torch.device, model) -> bool:
     return bool(setting)
 
 
-def use_compile(setting, device: torch.device, model) -> bool:
-    """``train.compile``: auto = on CUDA when every mixer is graph-safe (static shapes); true insists."""
+def use_compile(setting, device: torch.device, model) -> bool | str:
+    """``train.compile``: true compiles from the first step; auto (on CUDA when every mixer is graph-safe,
+    i.e. has static shapes) starts uncompiled and compiles once ``worth_compiling`` says the run is long
+    enough; returns "auto" then."""
     if setting == "auto":
-        return device.type == "cuda" and graph_safe(model)
+        return "auto" if device.type == "cuda" and graph_safe(model) else False
     return bool(setting)
+
+
+# Measured on an H200 (results/throughput/, bench train with and without train.compile): compiling takes
+# 18-27 s of a process's start and makes the captured step 2.0-2.3x faster.
+COMPILE_COST_S, COMPILE_SPEEDUP = 25.0, 2.0
+
+
+def worth_compiling(steps_left: int, step_s: float) -> bool:
+    """Whether compiling now pays for itself over the rest of a run stepping at ``step_s`` uncompiled."""
+    return steps_left * step_s * (1 - 1 / COMPILE_SPEEDUP) > COMPILE_COST_S
 
 
 def stack_key(cfg: RunConfig) -> str:
@@ -136,6 +148,7 @@ class _Run:
         self.ckpt = out / "checkpoint.pt"
         self.writer = SummaryWriter(log_dir=str(out))
         self.params, self.state_size = model.num_params(), model.state_size(task.seq_len)
+        self.compiled_at = None          # the step from which the training step ran compiled
 
     def load(self, opt, device) -> None:
         if not self.ckpt.exists():
@@ -162,7 +175,8 @@ class _Run:
                 "steps": s["step"], "wall_time_s": round(time.perf_counter() - self.t_start, 3),
                 "train_time_s": round(s["train_time"], 3),
                 "steps_per_sec": round(s["step"] / s["train_time"], 2) if s["train_time"] else None,
-                "replicas": replicas, "params": self.params, "state_size": self.state_size,
+                "replicas": replicas, "compiled_at": self.compiled_at, "params": self.params,
+                "state_size": self.state_size,
                 "device": str(self.task.device), "history": s["history"]}
 
     def finish(self, status: str, error: str | None = None, replicas: int = 1) -> dict:
@@ -212,13 +226,28 @@ def train_replicas(cfgs: list[RunConfig], out_dirs: list, *, progress: bool = Tr
     outs = [Path(o) for o in out_dirs]
     results: list[dict | None] = [_finished(o) for o in outs]
     todo = [i for i, r in enumerate(results) if r is None]
-    if todo:
-        callbacks = on_eval or [None] * len(cfgs)
+    callbacks = on_eval or [None] * len(cfgs)
+    t_start = time.perf_counter()
+    while todo:         # a group that shrank enough hands its running replicas back to train as a new group
         done = _train_group([cfgs[i] for i in todo], [outs[i] for i in todo], progress,
-                            [callbacks[i] for i in todo])
+                            [callbacks[i] for i in todo], t_start)
         for i, res in zip(todo, done):
             results[i] = res
+        todo = [i for i in todo if results[i] is None]
     return results
+
+
+# A group whose replicas stopped keeps computing them (frozen, at full cost): it is rebuilt with the
+# running ones when the time that saves exceeds REGROUP_FACTOR times what the group took to start.
+REGROUP_FACTOR = 2.0
+
+
+def worth_regrouping(active: int, replicas: int, steps_left: int, step_s: float, setup_s: float) -> bool:
+    """Whether ``active`` of ``replicas`` stacked runs should go on as a group of their own: the step's cost
+    is taken as proportional to the replicas (at batch 256 one already fills a GPU, results/throughput/)."""
+    if not 0 < active < replicas:
+        return False
+    return steps_left * step_s * (1 - active / replicas) > REGROUP_FACTOR * setup_s
 
 
 class Group:
@@ -236,18 +265,22 @@ class Group:
             raise ValueError(f"train_replicas: mixer(s) {', '.join(names)} cannot train stacked (not graph-safe)")
         self.bf16 = tc.precision == "bf16" or (tc.precision == "auto" and device.type == "cuda")
         self.graph = use_cuda_graph(tc.cuda_graph, device, self.models[0])
+        compile = use_compile(tc.compile, device, self.models[0])
+        self.compile_later = compile == "auto"
         self.step = Step(self.models, [c.train for c in cfgs], per_row=getattr(self.tasks[0], "max_targets", None),
                          autocast_dtype=torch.bfloat16 if self.bf16 else None,
-                         capture_after=2 if self.graph else None,
-                         compile=use_compile(tc.compile, device, self.models[0]))
-        self.shared = len({c.seed for c in cfgs}) == 1          # one task: one batch for every replica
-        self.batches = [TrainBatches(t, tc.batch_size, tc.steps) for t in
-                        (self.tasks[:1] if self.shared else self.tasks)]
+                         capture_after=2 if self.graph else None, compile=compile is True)
+        # a seed's task gives its replicas the same batches: one pool per seed
+        self.seeds = [c.seed for c in cfgs]
+        self.pools = {seed: TrainBatches(self.tasks[self.seeds.index(seed)], tc.batch_size, tc.steps)
+                      for seed in dict.fromkeys(self.seeds)}
 
     def batch(self, s: int):
-        if self.shared:
-            return self.batches[0][s]
-        xs, ys = zip(*(b[s] for b in self.batches))
+        """One batch for every replica ([B, T]) when they share a seed, else one each ([R, B, T])."""
+        got = {seed: pool[s] for seed, pool in self.pools.items()}
+        if len(got) == 1:
+            return got[self.seeds[0]]
+        xs, ys = zip(*(got[seed] for seed in self.seeds))
         return torch.stack(xs), torch.stack(ys)
 
     def autocast(self):
@@ -257,8 +290,9 @@ class Group:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=not self.graph)
 
 
-def _train_group(cfgs, outs, progress, callbacks) -> list[dict]:
-    t_start = time.perf_counter()
+def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
+    """Train one stacked group; the runs it hands back unfinished (None) continue from their checkpoints."""
+    t_group = time.perf_counter()
     tc = cfgs[0].train
     R = len(cfgs)
     for o in outs:
@@ -316,6 +350,8 @@ def _train_group(cfgs, outs, progress, callbacks) -> list[dict]:
     n_acc, s = 0, start
     t_log = time.perf_counter()
     steps_at_log = s
+    # the seconds the group spent starting (building, pool, compilation, capture), and when it last got ready
+    setup_s, t_from, t_ready, ready = 0.0, t_group, 0.0, False
     try:
         with _progress(progress, title) as bar:
             bar_task = bar.add_task("train", total=tc.steps, completed=s, info="")
@@ -323,6 +359,11 @@ def _train_group(cfgs, outs, progress, callbacks) -> list[dict]:
                 step(*batch(s))
                 n_acc += 1
                 s += 1
+                if not ready and (step.graph is not None or step.capture_after is None):
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    t_ready, ready = time.perf_counter(), True
+                    setup_s += t_ready - t_from
                 for r in active:
                     runs[r].state["step"] = s
                 last = s == tc.steps
@@ -346,6 +387,19 @@ def _train_group(cfgs, outs, progress, callbacks) -> list[dict]:
                             do_eval(r, s)
                     info = _info([runs[r] for r in active] or runs, [losses[r] for r in active] or losses, sps)
                     bar.update(bar_task, completed=s, info=info)
+                    steady = ready and t_log >= t_ready          # sps then counts replayed steps only
+                    if steady and group.compile_later:
+                        group.compile_later = False
+                        if worth_compiling(tc.steps - s, 1 / max(sps, 1e-9)):
+                            step.compile_now()
+                            for run in runs:
+                                run.compiled_at = s
+                            t_from, ready, steady = time.perf_counter(), False, False
+                    if steady and worth_regrouping(len(active), R, tc.steps - s, 1 / max(sps, 1e-9), setup_s):
+                        for r in active:         # hand the running replicas back, to go on as a smaller group
+                            runs[r].save(step.opts[r])
+                            runs[r].writer.close()
+                        return results
                     t_log = time.perf_counter()
                     steps_at_log = s
         for r in list(active):

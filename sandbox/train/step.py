@@ -18,8 +18,10 @@ Requirements for a graph and for stacking, checked by ``graph_safe(model)``: eve
 static shapes and never waits on the host (``Mixer.graph_safe``). A replica that stops (early
 stop, pruning, a non-finite loss) is frozen by a zero learning rate; the others go on.
 
-With ``compile`` the forward and backward go through ``torch.compile`` (the kernels are custom ops
-it treats as opaque), which fuses the norms, the residual adds, SwiGLU and the gate arithmetic.
+With ``compile`` (or after ``compile_now()``, which the run loop calls once it has measured that a
+run is long enough to pay for it) the forward and backward go through ``torch.compile`` (the kernels
+are custom ops it treats as opaque), which fuses the norms, the residual adds, SwiGLU and the gate
+arithmetic.
 """
 from __future__ import annotations
 
@@ -103,11 +105,22 @@ class Step:
         self.loss_sum = torch.zeros(self.R, device=self.device)
         self.names = [n for n, _ in models[0].named_parameters()]
         self.buffer_names = [n for n, _ in models[0].named_buffers()]
-        self.forward = torch.compile(self._losses, dynamic=False) if compile else self._losses
+        self.forward, self.compiled = self._losses, False
         self.capture_after = capture_after
         self.graph = None
         self.calls = 0
         self.stream = torch.cuda.Stream() if capture_after is not None else None
+        if compile:
+            self.compile_now()
+
+    def compile_now(self) -> None:
+        """Go on with the forward and backward compiled: the next steps compile it and capture anew."""
+        # Dynamo keeps the compilations of ``_losses`` for every Step a process made, and past its
+        # recompile limit (8) silently runs eager: a sweep worker trains one group after another,
+        # each with other shapes. Drop the old ones (the on-disk Inductor cache still serves repeats).
+        torch.compiler.reset()
+        self.forward, self.compiled = torch.compile(self._losses, dynamic=False), True
+        self.graph, self.calls = None, 0
 
     # -- state that lives outside the graph ------------------------------------------------------
     def start_at(self, step: int) -> None:
