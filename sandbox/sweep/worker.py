@@ -54,7 +54,13 @@ class _Worker:
 
     def claim(self) -> list[int]:
         """Take a WAITING trial and, up to ``--stack``, the waiting trials that can train stacked with it."""
-        first = self._claim_one()
+        from optuna.trial import TrialState
+        # workers that start together would each take one trial of the same stack: begin with a stack no
+        # running trial belongs to (it is being claimed by another worker), if the queue has one
+        busy = {self._stack_key(t) for t in trials_in(self.study, (TrialState.RUNNING,))} - {None}
+        first = self._claim_one(lambda t: self._stack_key(t) not in busy) if busy else None
+        if first is None:
+            first = self._claim_one()
         if first is None:
             return []
         key = self._stack_key(self.study._storage.get_trial(first))
