@@ -11,9 +11,10 @@
 #   bench-kernels [ARGS]     `sandbox bench kernels --check ARGS` (fla beside ours when its wheel is in .whl)
 #   bench-train [ARGS]       `sandbox bench train --ref .ref/REF ARGS` (REF: the newest directory in .ref)
 #   bench-sweep FILE [ARGS]  `sandbox bench sweep FILE --ref .ref/REF ARGS` (trial-steps per GPU-second)
-#   sweep FILE [ARGS]        `sandbox sweep FILE --out results/NAME ARGS` (resumes), stopped in order after
-#                            SWEEP_SECONDS (default 530, inside a call's 10 minutes); tars the directory
-#                            without checkpoints (a trial interrupted there restarts in the next call)
+#   sweep FILE [ARGS]        `sandbox sweep FILE --out sweeps_out/NAME ARGS` (resumes), stopped in order after
+#                            SWEEP_SECONDS (default 530, inside a call's 10 minutes); tars the directory as
+#                            results/NAME without checkpoints. Chain calls while the machine is warm: it keeps
+#                            the checkpoints, so interrupted trials go on where they stopped.
 #   collect DIR...           tar the named directories into $OUT/collect.tar.gz
 #
 # What the GPU image lacks travels with the call: Python wheels in .whl/ (optuna and its needs, fla:
@@ -67,9 +68,17 @@ bench-sweep)
 sweep)
     file="$1"; shift
     name=$(python3 -c "import yaml, sys; print(yaml.safe_load(open(sys.argv[1]))['name'])" "$file")
-    timeout -s INT "${SWEEP_SECONDS:-530}" python3 -m sandbox.cli sweep "$file" --out "results/$name" --no-live "$@" \
+    # the sweep runs in the git-ignored sweeps_out/NAME, which a warm device machine keeps between calls
+    # (checkpoints included: a call made within its idle time resumes interrupted trials where they
+    # stopped); a cold one starts from the copy in results/NAME (journal and results, no checkpoints)
+    dir="sweeps_out/$name"
+    if [ ! -f "$dir/study.journal" ] && [ -f "results/$name/study.journal" ]; then
+        mkdir -p sweeps_out && cp -r "results/$name" "$dir"
+    fi
+    timeout -s INT "${SWEEP_SECONDS:-530}" python3 -m sandbox.cli sweep "$file" --out "$dir" --no-live "$@" \
         2>&1 | tee "$OUT/sweep_$name.txt"
-    tar -czf "$OUT/sweep_$name.tar.gz" --exclude='*.pt' --exclude='events.*' "results/$name"
+    tar -czf "$OUT/sweep_$name.tar.gz" --exclude='*.pt' --exclude='events.*' --exclude=mps --exclude=.lock \
+        --transform "s|^sweeps_out/|results/|" "$dir"
     ;;
 collect)
     tar -czf "$OUT/collect.tar.gz" "$@"

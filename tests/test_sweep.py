@@ -227,6 +227,49 @@ def test_a_grid_points_trials_train_stacked_and_equal_one_by_one(tmp_path):
     assert log.count("(stacked with 2 more)") == 6
 
 
+def test_an_interrupted_stack_resumes_first_and_as_a_stack(tmp_path):
+    """Ctrl-C during a stack of 3, then a rerun: the requeued copies (at the end of the queue) are taken
+    before the untouched grid point and go on stacked, from their checkpoints, to the end."""
+    path = write(tmp_path, """\
+        name: restack
+        grid:
+          model.d_model: [16, 32]
+        tune:
+          train.lr: [1.0e-3, 3.0e-3, 1.0e-2]
+        """, steps=400, eval_every=20)
+    out = tmp_path / "out"
+
+    def stack_reported():
+        if not (out / "sweep.json").exists():
+            return None
+        try:
+            running = [t for t in trials_of(out) if t.state.name == "RUNNING" and t.last_step]
+        except KeyError:
+            return None
+        return running if len(running) == 3 else None
+
+    p = subprocess.Popen(sweep_cmd(path, out, "--workers", "1"), env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    first = wait_for(stack_reported, what="a stack of 3 to report")
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=90) == 130, p.stdout.read()
+    dirs = {t.user_attrs["run_dir"] for t in first}
+    stopped_at = {json.loads((out / d / "result.json").read_text())["steps"] for d in dirs}
+    assert len(stopped_at) == 1 and 0 < min(stopped_at) < 400
+
+    r = run_sweep(path, out, "--workers", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    done = [t for t in trials_of(out) if t.state.name == "COMPLETE"]
+    assert len(done) == 6
+    resumed = [t for t in done if t.user_attrs["run_dir"] in dirs]
+    assert len(resumed) == 3 and all("retry_of" in t.user_attrs for t in resumed)
+    assert {t.user_attrs["result"]["replicas"] for t in resumed} == {3}           # stacked again
+    assert max(t.datetime_start for t in resumed) < min(t.datetime_start for t in done if t not in resumed)
+    for d in dirs:                                       # went on from the checkpoint: the early evaluations kept
+        res = json.loads((out / d / "result.json").read_text())
+        assert res["steps"] == 400 and res["history"][0]["step"] == 20
+
+
 # ---- pruning ----------------------------------------------------------------------------------------
 
 def test_median_pruning_stops_a_hopeless_lr_within_its_grid_point(tmp_path):

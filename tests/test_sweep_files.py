@@ -85,7 +85,13 @@ def test_figure_sweeps_state_their_size_and_train_as_the_issue_asks(name):
     expected = math.prod(len(rows) for _, rows in s.axes) * math.prod(len(v) for v in s.tune_lists.values())
     assert len(s.points()) == expected == stated
     processes = int(re.search(r"^# processes: (\d+)", header, re.M).group(1))
-    assert processes == len({p.grid_id for p in s.points()})     # one process per grid point
+    # one stack per process: the trials that share every shape, in stacks of at most the runner's size
+    from collections import Counter
+
+    from sandbox.sweep.packing import group_size
+    from sandbox.train import stack_key
+    shapes = Counter(stack_key(cfg) for _, cfg in configs(name))
+    assert processes == sum(math.ceil(n / group_size(s)) for n in shapes.values())
     assert "GPU-minutes" in header
     assert re.search(rf"^#   sandbox sweep sweeps/{name}\.yaml( +#.*)?$", header, re.M)   # the plain command
     assert list(s.tune_lists) == ["train.lr"] and not s.tune_ranges

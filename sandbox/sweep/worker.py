@@ -5,8 +5,8 @@ started by the launcher in sandbox/sweep/runner.py with one ``CUDA_VISIBLE_DEVIC
 With ``--stack N`` it takes up to N waiting trials whose configurations differ only in
 learning rate and seed (a grid point's tuned values) and trains them as stacked replicas
 of one model: one process start, one compilation and one data pool for all of them, and
-each still its own trial, run directory, early stop and result. A trial that resumes from a
-checkpoint trains alone.
+each still its own trial, run directory, early stop and result. Trials that resume from
+checkpoints go first, stacked with those interrupted at the same step.
 
 A diverging, out-of-memory or raising trial is recorded as failed with its reason and
 the worker goes on. SIGINT/SIGTERM (or the launcher dying) interrupts the running
@@ -58,7 +58,10 @@ class _Worker:
         # workers that start together would each take one trial of the same stack: begin with a stack no
         # running trial belongs to (it is being claimed by another worker), if the queue has one
         busy = {self._stack_key(t) for t in trials_in(self.study, (TrialState.RUNNING,))} - {None}
-        first = self._claim_one(lambda t: self._stack_key(t) not in busy) if busy else None
+        # interrupted trials first (a requeued copy sits at the end of the queue): they have work in hand
+        first = self._claim_one(lambda t: self._resumes(t) and self._stack_key(t) not in busy)
+        if first is None and busy:
+            first = self._claim_one(lambda t: self._stack_key(t) not in busy)
         if first is None:
             first = self._claim_one()
         if first is None:
@@ -72,20 +75,27 @@ class _Worker:
             group.append(tid)
         return group
 
+    def _resumes(self, t) -> bool:
+        run_dir = t.user_attrs.get("run_dir")
+        return bool(run_dir) and (self.dir / run_dir / "checkpoint.pt").exists()
+
     def _stack_key(self, t) -> str | None:
-        """What a trial must share with the others of a stack (None: it trains alone, e.g. it resumes)."""
+        """What a trial must share with the others of a stack (None: it trains alone). A trial that resumes
+        stacks with those whose checkpoints are at the same step (an interrupted stack goes on as one)."""
         if t.number not in self._keys:
             from sandbox.sweep.spec import build_config
             from sandbox.train import stack_key
-            run_dir = t.user_attrs.get("run_dir")
-            if run_dir and (self.dir / run_dir / "checkpoint.pt").exists():
-                self._keys[t.number] = None
-            else:
-                try:
-                    self._keys[t.number] = stack_key(build_config(self.spec["base"],
-                                                                  {**t.user_attrs["grid"], **t.user_attrs["tune"]}))
-                except Exception:
-                    self._keys[t.number] = None
+            try:
+                key = stack_key(build_config(self.spec["base"], {**t.user_attrs["grid"], **t.user_attrs["tune"]}))
+            except Exception:
+                key = None
+            if key is not None and self._resumes(t):
+                try:        # the step its checkpoint holds, as the interrupted run recorded it
+                    res = json.loads((self.dir / t.user_attrs["run_dir"] / "result.json").read_text())
+                    key = f"{key}@{int(res['steps'])}" if res.get("status") == "interrupted" else None
+                except (OSError, ValueError, KeyError, TypeError):
+                    key = None
+            self._keys[t.number] = key
         return self._keys[t.number]
 
     def _claim_one(self, wanted=lambda t: True):
