@@ -175,3 +175,21 @@ def test_regrouping_pays_only_when_it_saves_more_than_a_start():
     # 1 of 3 running, 2000 steps left at 15 ms: 20 s saved against a 10 s start -> yes; at 500 steps -> no
     assert worth_regrouping(1, 3, 2000, 0.015, 10.0) and not worth_regrouping(1, 3, 500, 0.015, 10.0)
     assert not worth_regrouping(3, 3, 10**6, 1.0, 0.0) and not worth_regrouping(0, 3, 10**6, 1.0, 0.0)
+
+
+def test_runs_resumed_at_different_steps_train_as_separate_stacks(tmp_path):
+    """One run interrupted at step 6, one never started: train_replicas trains each from where it is (the
+    earlier first) and both end with the weights of a straight run."""
+    cfgs = configs(lrs=(1e-3, 3e-3), seeds=(0, 1))
+
+    def stop_at_6(step, metrics):
+        if step == 6:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cfgs[0], tmp_path / "b" / "0", progress=False, on_eval=stop_at_6)
+    res = train_replicas(cfgs, [tmp_path / "b" / str(i) for i in range(2)], progress=False)
+    assert [r["status"] for r in res] == ["completed"] * 2 and [r["replicas"] for r in res] == [1, 1]
+    for i, c in enumerate(cfgs):
+        train(c, tmp_path / "a" / str(i), progress=False)
+    assert_same_runs(tmp_path / "b", tmp_path / "a", 2)

@@ -218,23 +218,35 @@ def train(cfg: RunConfig, out_dir, *, progress: bool = True,
 def train_replicas(cfgs: list[RunConfig], out_dirs: list, *, progress: bool = True,
                    on_eval: list[Callable[[int, dict], None] | None] | None = None) -> list[dict]:
     """Train runs that differ only in ``train.lr`` and ``seed`` as one stacked model, each into its own
-    directory (resuming from checkpoints, which must then be at the same step). A directory whose run
+    directory (resuming from checkpoints; runs whose checkpoints are at different steps train as
+    separate stacks). A directory whose run
     already ended returns its stored result. ``on_eval[r](step, metrics)`` may raise ``StopTraining``
     to stop run r alone. Returns the result of each run (a diverged run has status "diverged")."""
     if len({stack_key(c) for c in cfgs}) != 1:
         raise ValueError("train_replicas: the runs must differ only in train.lr, seed and name")
     outs = [Path(o) for o in out_dirs]
     results: list[dict | None] = [_finished(o) for o in outs]
-    todo = [i for i, r in enumerate(results) if r is None]
     callbacks = on_eval or [None] * len(cfgs)
     t_start = time.perf_counter()
-    while todo:         # a group that shrank enough hands its running replicas back to train as a new group
+    while True:
+        todo = [i for i, r in enumerate(results) if r is None]
+        if not todo:
+            return results
+        # runs resumed from checkpoints at different steps train as separate groups, the earliest first;
+        # a group that shrank enough hands its running replicas back to train as a new group
+        at = {i: _checkpoint_step(outs[i]) for i in todo}
+        todo = [i for i in todo if at[i] == min(at.values())]
         done = _train_group([cfgs[i] for i in todo], [outs[i] for i in todo], progress,
                             [callbacks[i] for i in todo], t_start)
         for i, res in zip(todo, done):
             results[i] = res
-        todo = [i for i in todo if results[i] is None]
-    return results
+
+
+def _checkpoint_step(out: Path) -> int:
+    ckpt = out / "checkpoint.pt"
+    if not ckpt.exists():
+        return 0
+    return int(torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)["state"]["step"])
 
 
 # A group whose replicas stopped keeps computing them (frozen, at full cost): it is rebuilt with the
@@ -302,11 +314,7 @@ def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
     runs = [_Run(c, o, t, m, t_start) for c, o, t, m in zip(cfgs, outs, group.tasks, group.models)]
     for run, opt in zip(runs, step.opts):
         run.load(opt, device)
-    first = {run.state["step"] for run in runs}
-    if len(first) != 1:
-        raise ValueError(f"train_replicas: checkpoints at different steps {sorted(first)} in "
-                         f"{', '.join(str(o) for o in outs)}; train them separately")
-    start = first.pop()
+    start = runs[0].state["step"]           # train_replicas groups the runs by their checkpoints' step
     step.start_at(start)
 
     active = list(range(R))
