@@ -15,6 +15,9 @@
 #                            SWEEP_SECONDS (default 530, inside a call's 10 minutes); tars the directory as
 #                            results/NAME without checkpoints. Chain calls while the machine is warm: it keeps
 #                            the checkpoints, so interrupted trials go on where they stopped.
+#   inspect DIR...           `sandbox inspect DIR --device cuda` of each run directory (one with checkpoint.pt,
+#                            e.g. sweeps_out/NAME/trials/N-xxxx on a warm machine after a sweep call); tars the
+#                            pictures, inspect.md and summary.json of each as inspect/<N-xxxx>/
 #   collect DIR...           tar the named directories into $OUT/collect.tar.gz
 #
 # What the GPU image lacks travels with the call: Python wheels in .whl/ (optuna and its needs, fla:
@@ -80,11 +83,19 @@ sweep)
     tar -czf "$OUT/sweep_$name.tar.gz" --exclude='*.pt' --exclude='events.*' --exclude=mps --exclude=.lock \
         --transform "s|^sweeps_out/|results/|" "$dir"
     ;;
+inspect)
+    rm -rf /tmp/inspect && mkdir -p /tmp/inspect
+    for run in "$@"; do
+        sandbox inspect "$run" --device cuda --no-tensorboard --out "/tmp/inspect/$(basename "$run")" 2>&1 \
+            | tail -n 3 | tee -a "$OUT/inspect.txt"
+    done
+    tar -czf "$OUT/inspect.tar.gz" -C /tmp inspect
+    ;;
 collect)
     tar -czf "$OUT/collect.tar.gz" "$@"
     ;;
 *)
-    sed -n "2,23p" "$0"
+    sed -n "2,26p" "$0"
     exit 2
     ;;
 esac
