@@ -31,7 +31,7 @@ def test_a_step_compiled_mid_run_trains_as_the_eager_one():
 
 
 def test_compiling_pays_only_for_a_long_enough_rest_of_the_run():
-    from sandbox.train.loop import COMPILE_COST_S, COMPILE_SPEEDUP, worth_compiling
+    from sandbox.train.group import COMPILE_COST_S, COMPILE_SPEEDUP, worth_compiling
 
     # the Figure 8 GLA stacked 3 times, 17.6 ms uncompiled: 3000 steps left pay for it, alone (5.9 ms) not
     assert worth_compiling(3000, 17.6e-3) and not worth_compiling(3000, 5.9e-3)

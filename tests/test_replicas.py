@@ -58,13 +58,13 @@ def test_stacked_replicas_equal_solo_runs(tmp_path, model):
     assert not torch.equal(a["embed.weight"], b["embed.weight"])
 
 
+def prune_at_6(step, metrics):
+    if step == 6:
+        raise StopTraining("pruned")
+
+
 def test_a_replica_that_stops_or_diverges_leaves_the_others_alone(tmp_path):
     cfgs = configs(lrs=(1e-3, 3e-3, 1e30), seeds=(0, 0, 0), grad_clip=0.0, warmup_frac=0.0)
-
-    def prune_at_6(step, metrics):
-        if step == 6:
-            raise StopTraining("pruned")
-
     res = train_replicas(cfgs, [tmp_path / "stacked" / str(i) for i in range(3)], progress=False,
                          on_eval=[None, prune_at_6, None])
     assert [r["status"] for r in res] == ["completed", "stopped", "diverged"]
@@ -143,23 +143,18 @@ def test_the_device_schedule_is_the_python_one():
 def test_a_shrunken_group_regroups_and_trains_on_as_before(tmp_path, monkeypatch):
     """With regrouping forced at every chance, a group whose replicas stop or diverge is rebuilt with the
     running ones (from their checkpoints), and every run still ends with the weights of a solo run."""
-    import sandbox.train.loop as loop
+    import sandbox.train.group as group
 
-    monkeypatch.setattr(loop, "REGROUP_FACTOR", 0.0)
+    monkeypatch.setattr(group, "REGROUP_FACTOR", 0.0)
     groups = []
-    real = loop.Group.__init__
+    real = group.Group.__init__
 
     def counting(self, cfgs):
         groups.append(len(cfgs))
         real(self, cfgs)
 
-    monkeypatch.setattr(loop.Group, "__init__", counting)
+    monkeypatch.setattr(group.Group, "__init__", counting)
     cfgs = configs(lrs=(1e-3, 3e-3, 1e30), seeds=(0, 1, 0), grad_clip=0.0, warmup_frac=0.0)
-
-    def prune_at_6(step, metrics):
-        if step == 6:
-            raise StopTraining("pruned")
-
     res = train_replicas(cfgs, [tmp_path / "stacked" / str(i) for i in range(3)], progress=False,
                          on_eval=[None, prune_at_6, None])
     assert [r["status"] for r in res] == ["completed", "stopped", "diverged"]
@@ -170,7 +165,7 @@ def test_a_shrunken_group_regroups_and_trains_on_as_before(tmp_path, monkeypatch
 
 
 def test_regrouping_pays_only_when_it_saves_more_than_a_start():
-    from sandbox.train.loop import worth_regrouping
+    from sandbox.train.group import worth_regrouping
 
     # 1 of 3 running, 2000 steps left at 15 ms: 20 s saved against a 10 s start -> yes; at 500 steps -> no
     assert worth_regrouping(1, 3, 2000, 0.015, 10.0) and not worth_regrouping(1, 3, 500, 0.015, 10.0)

@@ -1,11 +1,12 @@
 """Training. ``train(cfg, out)``: one run. ``train_replicas(cfgs, outs)``: runs that differ only in
 learning rate and seed, trained as one stacked model, each with its own directory and result.
 
-loop.py  the run loop: evaluation, early stop, checkpoints, TensorBoard, results
-step.py  one step of R replicas: vmap over stacked weights, per-replica AdamW and schedule, one CUDA graph
+loop.py   the run loop: evaluation, early stop, checkpoints, TensorBoard, results
+group.py  what a stack of runs trains with (models, step, batch pools) and when to compile or regroup
+step.py   one step of R replicas: vmap over stacked weights, per-replica AdamW and schedule, one CUDA graph
 """
-from sandbox.train.loop import (Group, StopTraining, TrainingDiverged, build, evaluate, resolve_device, stack_key,
-                                train, train_replicas, use_compile, use_cuda_graph)
+from sandbox.train.group import Group, build, resolve_device, stack_key, use_compile, use_cuda_graph
+from sandbox.train.loop import StopTraining, TrainingDiverged, evaluate, train, train_replicas
 from sandbox.train.step import Step, graph_safe, lr_lambda, scored_positions
 
 __all__ = ["Group", "StopTraining", "TrainingDiverged", "build", "evaluate", "resolve_device", "stack_key", "train",

@@ -3,11 +3,12 @@ stop, resumable checkpoints, TensorBoard scalars + hparams, a rich progress bar 
 ``result.json`` - for one run, or for several runs that train as one stacked model.
 
 ``train(cfg, out)`` is one run. ``train_replicas(cfgs, outs)`` trains runs whose configs differ
-only in ``train.lr`` and ``seed`` together (``step.py``): each keeps its own directory,
-checkpoint, TensorBoard events, early stop and result, exactly as if it had run alone.
+only in ``train.lr`` and ``seed`` together (``group.py``, ``step.py``): each keeps its own
+directory, checkpoint, TensorBoard events, early stop and result, exactly as if it had run alone.
 
-The hot loop never synchronises with the device except every ``log_every`` steps (one read of
-the running losses, which is also where a non-finite loss is caught) and at evaluations.
+The hot loop never synchronises with the device except once when the step is ready (to time the
+group's start), every ``log_every`` steps (one read of the running losses, which is also where a
+non-finite loss is caught) and at evaluations.
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import json
 import math
 import os
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -23,9 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from sandbox.config import RunConfig, flatten, to_dict
-from sandbox.model import LanguageModel
-from sandbox.tasks import TrainBatches, make_task
-from sandbox.train.step import Step, graph_safe, scored_positions
+from sandbox.train.group import Group, stack_key, worth_compiling, worth_regrouping
+from sandbox.train.step import scored_positions
 
 DONE = ("completed", "early_stopped")          # a rerun of such a directory returns its result
 
@@ -36,63 +35,6 @@ class TrainingDiverged(RuntimeError):
 
 class StopTraining(Exception):
     """Raised by an ``on_eval`` callback to end a run early (e.g. an Optuna pruner)."""
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"train.device: {name} requested but CUDA is not available")
-    return torch.device(name)
-
-
-def build(cfg: RunConfig, device: torch.device):
-    """The task and a freshly initialised model (initialised on the CPU so the seed gives
-    the same weights on any device)."""
-    task = make_task(cfg.task.params, seed=cfg.seed, device=device)
-    torch.manual_seed(cfg.seed)
-    model = LanguageModel(cfg.model, task.vocab_size, task.seq_len)
-    return task, model.to(device)
-
-
-def use_cuda_graph(setting, device: torch.device, model) -> bool:
-    """``train.cuda_graph``: auto = on CUDA when every mixer is graph-safe; true insists."""
-    if setting == "auto":
-        return device.type == "cuda" and graph_safe(model)
-    if setting and device.type != "cuda":
-        raise ValueError(f"train.cuda_graph: true needs a CUDA device, got {device}")
-    if setting and not graph_safe(model):
-        names = sorted({m.mixer_name for m in model.mixers if not m.graph_safe()})
-        raise ValueError(f"train.cuda_graph: true, but mixer(s) {', '.join(names)} are not graph-safe")
-    return bool(setting)
-
-
-def use_compile(setting, device: torch.device, model) -> bool | str:
-    """``train.compile``: true compiles from the first step; auto (on CUDA when every mixer is graph-safe,
-    i.e. has static shapes) starts uncompiled and compiles once ``worth_compiling`` says the run is long
-    enough; returns "auto" then."""
-    if setting == "auto":
-        return "auto" if device.type == "cuda" and graph_safe(model) else False
-    return bool(setting)
-
-
-# Measured on an H200 (results/throughput/, bench train with and without train.compile): compiling takes
-# 18-27 s of a process's start and makes the captured step 2.0-2.3x faster.
-COMPILE_COST_S, COMPILE_SPEEDUP = 25.0, 2.0
-
-
-def worth_compiling(steps_left: int, step_s: float) -> bool:
-    """Whether compiling now pays for itself over the rest of a run stepping at ``step_s`` uncompiled."""
-    return steps_left * step_s * (1 - 1 / COMPILE_SPEEDUP) > COMPILE_COST_S
-
-
-def stack_key(cfg: RunConfig) -> str:
-    """Runs with equal keys may train as replicas of one stacked model (they differ in lr, seed, name)."""
-    d = to_dict(cfg)
-    d.pop("seed", None)
-    d.pop("name", None)
-    d["train"] = {k: v for k, v in d["train"].items() if k != "lr"}
-    return json.dumps(d, sort_keys=True, default=str)
 
 
 @torch.no_grad()
@@ -247,59 +189,6 @@ def _checkpoint_step(out: Path) -> int:
     if not ckpt.exists():
         return 0
     return int(torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)["state"]["step"])
-
-
-# A group whose replicas stopped keeps computing them (frozen, at full cost): it is rebuilt with the
-# running ones when the time that saves exceeds REGROUP_FACTOR times what the group took to start.
-REGROUP_FACTOR = 2.0
-
-
-def worth_regrouping(active: int, replicas: int, steps_left: int, step_s: float, setup_s: float) -> bool:
-    """Whether ``active`` of ``replicas`` stacked runs should go on as a group of their own: the step's cost
-    is taken as proportional to the replicas (at batch 256 one already fills a GPU, results/throughput/)."""
-    if not 0 < active < replicas:
-        return False
-    return steps_left * step_s * (1 - active / replicas) > REGROUP_FACTOR * setup_s
-
-
-class Group:
-    """What a run of R stacked replicas trains with: the tasks, the models, the step, the batches."""
-
-    def __init__(self, cfgs: list[RunConfig]):
-        tc = cfgs[0].train
-        self.device = device = resolve_device(tc.device)
-        built = [build(c, device) for c in cfgs]
-        self.tasks, self.models = [b[0] for b in built], [b[1] for b in built]
-        if tc.precision == "fp64":
-            self.models = [m.double() for m in self.models]
-        if len(cfgs) > 1 and not graph_safe(self.models[0]):
-            names = sorted({m.mixer_name for m in self.models[0].mixers if not m.graph_safe()})
-            raise ValueError(f"train_replicas: mixer(s) {', '.join(names)} cannot train stacked (not graph-safe)")
-        self.bf16 = tc.precision == "bf16" or (tc.precision == "auto" and device.type == "cuda")
-        self.graph = use_cuda_graph(tc.cuda_graph, device, self.models[0])
-        compile = use_compile(tc.compile, device, self.models[0])
-        self.compile_later = compile == "auto"
-        self.step = Step(self.models, [c.train for c in cfgs], per_row=getattr(self.tasks[0], "max_targets", None),
-                         autocast_dtype=torch.bfloat16 if self.bf16 else None,
-                         capture_after=2 if self.graph else None, compile=compile is True)
-        # a seed's task gives its replicas the same batches: one pool per seed
-        self.seeds = [c.seed for c in cfgs]
-        self.pools = {seed: TrainBatches(self.tasks[self.seeds.index(seed)], tc.batch_size, tc.steps)
-                      for seed in dict.fromkeys(self.seeds)}
-
-    def batch(self, s: int):
-        """One batch for every replica ([B, T]) when they share a seed, else one each ([R, B, T])."""
-        got = {seed: pool[s] for seed, pool in self.pools.items()}
-        if len(got) == 1:
-            return got[self.seeds[0]]
-        xs, ys = zip(*(got[seed] for seed in self.seeds))
-        return torch.stack(xs), torch.stack(ys)
-
-    def autocast(self):
-        """For evaluation, which stays eager (it must not cache casts a graph replays)."""
-        if not self.bf16:
-            return nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=not self.graph)
 
 
 def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
