@@ -11,10 +11,10 @@
 #   bench-kernels [ARGS]     `sandbox bench kernels --check ARGS` (fla beside ours when its wheel is in .whl)
 #   bench-train [ARGS]       `sandbox bench train --ref .ref/REF ARGS` (REF: the newest directory in .ref)
 #   bench-sweep FILE [ARGS]  `sandbox bench sweep FILE --ref .ref/REF ARGS` (trial-steps per GPU-second)
-#   sweep FILE [ARGS]        `sandbox sweep FILE --out sweeps_out/NAME ARGS` (resumes), stopped in order after
-#                            SWEEP_SECONDS (default 530, inside a call's 10 minutes); tars the directory as
-#                            results/NAME without checkpoints. Chain calls while the machine is warm: it keeps
-#                            the checkpoints, so interrupted trials go on where they stopped.
+#   sweep FILE [ARGS]        `sandbox sweep FILE --out sweeps_out/NAME --time-limit SWEEP_SECONDS ARGS` (resumes;
+#                            default 500 s, inside a call's 10 minutes: only trials that finish in time start);
+#                            tars the directory as results/NAME without checkpoints. Chain calls while the
+#                            machine is warm: it keeps the checkpoints of any trial the limit stopped.
 #   inspect DIR...           `sandbox inspect DIR --device cuda` of each run directory (one with checkpoint.pt,
 #                            e.g. sweeps_out/NAME/trials/N-xxxx on a warm machine after a sweep call); tars the
 #                            pictures, inspect.md and summary.json of each as inspect/<N-xxxx>/
@@ -78,8 +78,11 @@ sweep)
     if [ ! -f "$dir/study.journal" ] && [ -f "results/$name/study.journal" ]; then
         mkdir -p sweeps_out && cp -r "results/$name" "$dir"
     fi
-    timeout -s INT "${SWEEP_SECONDS:-530}" python3 -m sandbox.cli sweep "$file" --out "$dir" --no-live "$@" \
-        2>&1 | tee "$OUT/sweep_$name.txt"
+    # --time-limit: near the end workers start only what finishes in time (a cold machine's checkpoints
+    # are lost with it); the timeout is a guard behind it
+    secs="${SWEEP_SECONDS:-500}"
+    timeout -s INT "$((secs + 80))" python3 -m sandbox.cli sweep "$file" --out "$dir" --no-live \
+        --time-limit "$secs" "$@" 2>&1 | tee "$OUT/sweep_$name.txt"
     tar -czf "$OUT/sweep_$name.tar.gz" --exclude='*.pt' --exclude='events.*' --exclude=mps --exclude=.lock \
         --transform "s|^sweeps_out/|results/|" "$dir"
     ;;

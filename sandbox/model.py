@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sandbox.config import ModelConfig
+from sandbox.kernels.embedding import embedding
 from sandbox.mixers import Mixer, MixerContext, build_mixer
 
 
@@ -78,7 +79,7 @@ class LanguageModel(nn.Module):
         """Logits ``[B, T, vocab]``, or ``[B, P, vocab]`` at ``positions`` (int64 ``[B, P]``) only:
         the head is the largest matrix product at an 8192 vocabulary, and recall tasks score
         a few positions per sequence."""
-        x = self.embed(tokens)
+        x = embedding(self.embed.weight, tokens)   # its backward sums repeated tokens first
         if self.pos is not None:
             x = x + self.pos.weight[: tokens.shape[1]]
         for block in self.blocks:

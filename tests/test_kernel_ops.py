@@ -90,3 +90,54 @@ def test_vmap_of_the_delta_rule_equals_one_call_each():
         for a, b in zip(leaves, one):
             torch.testing.assert_close(a.grad[r], b.grad, atol=1e-5, rtol=1e-5)
 
+
+
+# -- the embedding lookup, whose backward sums repeated tokens per tile -------------------------------
+
+def _mqar_like_ids(n, vocab, seed):
+    """Token ids as MQAR has them: most positions the filler 0, the rest spread over the vocabulary."""
+    g_ = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (n,), generator=g_)
+    return torch.where(torch.rand(n, generator=g_) < 0.8, 0, ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_embedding_grad_kernel_equals_a_float64_loop(dtype):
+    from sandbox.kernels.triton_embedding import embedding_grad_triton
+    N, D, V = 300, 80, 50            # neither N nor D a multiple of the 64 x 64 tile; 0 in every tile
+    ids = _mqar_like_ids(N, V, 0)
+    grad = torch.randn(N, D, generator=torch.Generator().manual_seed(1)).to(dtype)
+    ref = torch.zeros(V, D, dtype=torch.float64)
+    for n in range(N):
+        ref[ids[n]] += grad[n].double()
+    out = embedding_grad_triton(ids, grad, V)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_embedding_op_passes_opcheck():
+    from sandbox.kernels.embedding import embedding  # noqa: F401  (registers the op)
+    w = torch.randn(20, 16, requires_grad=True)
+    ids = _mqar_like_ids(24, 20, 2).view(4, 6)
+    torch.library.opcheck(torch.ops.sandbox.embedding.default, (w, ids),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+@pytest.mark.parametrize("shared_ids", [True, False])
+def test_vmap_of_the_embedding_equals_one_lookup_each(shared_ids):
+    """Stacked tables [R, V, D] fold into one [R * V, D] table: values and each table's gradient
+    equal R separate nn.functional.embedding calls."""
+    from sandbox.kernels.embedding import embedding
+    R, V, D = 3, 30, 16
+    W = torch.randn(R, V, D, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    ids = torch.stack([_mqar_like_ids(40, V, 10 + r).view(5, 8) for r in range(R)])
+    w_out = torch.randn(R, 5, 8, D, generator=torch.Generator().manual_seed(4))
+    if shared_ids:
+        ids = ids[0]
+    out = torch.func.vmap(embedding, in_dims=(0, None if shared_ids else 0))(W, ids)
+    (out * w_out).sum().backward()
+    Ws = W.detach().clone().requires_grad_()
+    ref = torch.stack([F.embedding(ids if shared_ids else ids[r], Ws[r]) for r in range(R)])
+    (ref * w_out).sum().backward()
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(W.grad, Ws.grad, rtol=1e-6, atol=1e-6)

@@ -1,5 +1,10 @@
-"""How a sweep fills a GPU: the utilisation rule, the stack size, and MPS where it cannot start."""
+"""How a sweep fills a GPU: the utilisation rule, the stack size, MPS where it cannot start, and what a
+worker takes before a time limit."""
+import os
+import subprocess
+import sys
 import textwrap
+import time
 
 from sandbox.sweep import packing
 from sandbox.sweep.spec import load_sweep
@@ -43,3 +48,78 @@ def test_mps_that_cannot_start_says_why(tmp_path, monkeypatch):
     mps = packing.MPS(tmp_path)
     assert mps.start() is False and "not installed" in mps.reason
     mps.stop()                                                      # harmless when it never ran
+
+
+# -- a time limit: take only what finishes before it --------------------------------------------------
+
+LIMITED = """\
+name: limited
+base:
+  task: {name: mqar, seq_len: 16, num_kv_pairs: 2, vocab_size: 16, test_examples: 32}
+  model: {mixer: attention, d_model: 16, n_layers: 1, n_heads: 1, positions: learned, channel_mixer: none}
+  train: {steps: 100, batch_size: 8, lr: 3e-3, eval_every: 50, eval_batch_size: 32, early_stop: null}
+grid:
+  model.d_model: [16, 32]
+tune:
+  train.lr: [1.0e-3, 3.0e-3, 1.0e-2]
+"""
+
+
+def _study(tmp_path):
+    from sandbox.sweep.spec import load_sweep
+    from sandbox.sweep.study import enqueue_points, load_study, open_storage, prepare_study
+    path = tmp_path / "s.yaml"
+    path.write_text(LIMITED)
+    spec = load_sweep(path)
+    (tmp_path / "out").mkdir()
+    storage = open_storage(tmp_path / "out", None)
+    prepare_study(spec, storage)
+    study = load_study(storage, spec.name)
+    enqueue_points(study, spec)
+    return study
+
+
+def test_near_a_time_limit_a_worker_stacks_only_what_finishes(tmp_path):
+    """A stack of n trials of 100 steps is taken when 30 s of start-up + 1.5 x 100 n steps at the measured pace
+    fit in the time left: at 10 trial-steps/s and 70 s left two of a grid point's three learning rates do
+    (60 s), three (75 s) do not; with 20 s left, less than a start-up, nothing does."""
+    from sandbox.sweep import packing
+    from sandbox.sweep.worker import _Worker
+    assert (packing.STARTUP_S, packing.SAFETY) == (30.0, 1.5)      # the numbers the counts below assume
+    study = _study(tmp_path)
+    w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
+    w.rate = 10.0
+    group = w.claim()
+    trials = [study._storage.get_trial(t) for t in group]
+    assert len(group) == 2 and trials[0].user_attrs["grid"] == trials[1].user_attrs["grid"]
+    w.until = time.time() + 20
+    assert w.claim() == [] and w.out_of_time
+    # without a measured pace (a fresh worker, no other worker's record) it takes a whole stack
+    fresh = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
+    assert len(fresh.claim()) == 3
+    # a later worker starts from the slowest pace its peers recorded
+    packing.record_pace(tmp_path / "out", 10.0)
+    late = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
+    assert len(late.claim()) == 1            # the one waiting trial left
+
+
+def test_a_sweep_with_no_time_for_a_trial_leaves_the_queue_untouched(tmp_path):
+    """With a limit shorter than a start-up no worker takes a trial: the launcher says so, starts no other
+    worker, and a rerun without the limit trains every point."""
+    path = tmp_path / "s.yaml"
+    path.write_text(LIMITED)
+    out = tmp_path / "out"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "sandbox.cli", "sweep", str(path), "--out", str(out), "--no-live", "--workers", "1"]
+    r = subprocess.run(cmd + ["--time-limit", "25"], env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "would not finish before it" in r.stdout and "6 trial(s) left" in r.stdout
+    log = (out / "logs" / "worker-0.log").read_text()
+    assert log.count("no waiting trial finishes before the time limit") == 1     # one worker, not respawned
+    from sandbox.sweep.study import load_study, open_storage
+    states = [t.state.name for t in load_study(open_storage(out, None), "limited").get_trials()]
+    assert states == ["WAITING"] * 6
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    states = [t.state.name for t in load_study(open_storage(out, None), "limited").get_trials()]
+    assert states == ["COMPLETE"] * 6

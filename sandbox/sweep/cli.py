@@ -28,6 +28,8 @@ def cmd_sweep(args) -> int:
         v = getattr(args, flag)
         if v is not None and v < 1:
             raise ValueError(f"--{flag.replace('_', '-')}: must be >= 1, got {v}")
+    if args.time_limit is not None and args.time_limit <= 0:
+        raise ValueError(f"--time-limit: must be > 0 seconds, got {args.time_limit:g}")
     spec = load_sweep(args.target[0])
     if args.dry_run:
         return report.print_points(spec)
@@ -36,7 +38,7 @@ def cmd_sweep(args) -> int:
         return run_sweep(spec, out, storage_url=args.storage, workers=args.workers,
                          workers_per_gpu=args.workers_per_gpu, heartbeat=args.heartbeat,
                          live=False if args.no_live else None, retry_failed=args.retry_failed,
-                         storage_timeout=args.storage_timeout, stack=args.stack)
+                         storage_timeout=args.storage_timeout, stack=args.stack, time_limit=args.time_limit)
     except StorageUnavailable as e:
         again = ["sandbox", "sweep", str(args.target[0]), "--out", str(out)]
         if args.storage:
@@ -71,6 +73,9 @@ def add_cli(sub) -> None:
                    help="how long the launcher and its workers wait out an unreachable storage (a database "
                    "restart, a full disk) before the sweep stops to be resumed (default 600); training "
                    "goes on meanwhile")
+    s.add_argument("--time-limit", type=float, metavar="SECONDS",
+                   help="stop after SECONDS: workers start only trials that finish by then at their measured "
+                   "pace (stacking fewer near the end), and the rest stop in order at the limit; rerun to go on")
     s.add_argument("--dry-run", action="store_true", help="validate and list the points, run nothing")
     s.add_argument("--retry-failed", action="store_true", help="queue failed points again (e.g. after "
                    "fixing what made them fail); complete ones are kept")

@@ -14,6 +14,11 @@ one GPU only time-slice it (8 of them summed about what one alone did). So:
   The launcher adds one more while the GPU's measured utilisation stays low. Without MPS it never
   packs processes.
 
+With a time limit (``sandbox sweep --time-limit``) a worker sizes what it takes to what finishes before
+the limit, from the pace it measured (``fits``): near the end it stacks fewer trials, then none, instead
+of starting stacks that the limit would cut off (on a machine that is given back, their checkpoints
+would be lost with it).
+
 ``MPS`` starts a private MPS control daemon (its own pipe and log directories inside the sweep
 directory, so it touches no other user of the GPU) and stops it when the sweep ends.
 """
@@ -28,6 +33,11 @@ START_WORKERS_PER_GPU = 2     # under MPS
 MAX_WORKERS_PER_GPU = 4
 IDLE_BELOW = 60.0             # % utilisation (nvidia-smi) under which a GPU counts as underfilled
 WINDOW_S = 30.0               # seconds of samples a decision looks at
+# sizing work to a time limit (guesses on the safe side, from the Figure 8 sweep on the H200: a stack's
+# start-up is 5-30 s, and a small stack near the end may not compile, at half the compiled pace)
+STARTUP_S = 30.0              # seconds a group spends before its first step, at most
+SAFETY = 1.5                  # a group may train this much slower than the pace measured before it
+EXIT_TIME_LIMIT = 76          # a worker's exit code: trials are waiting, but none finishes before the limit
 
 
 class MPS:
@@ -96,3 +106,36 @@ def group_size(spec, cap: int = 12) -> int:
         except Exception:            # an invalid point fails as its own trial, with its own message
             keys[p.point_id] += 1
     return max(1, min(cap, max(keys.values(), default=1)))
+
+
+def fits(trial_steps: int, rate: float | None, seconds_left: float) -> bool:
+    """Whether a group of ``trial_steps`` (summed over its trials) finishes in ``seconds_left`` at ``rate``
+    trial-steps per second (None: not measured yet, so only the start-up is checked)."""
+    if seconds_left < STARTUP_S:
+        return False
+    return rate is None or STARTUP_S + SAFETY * trial_steps / rate <= seconds_left
+
+
+def record_pace(sweep_dir: Path, rate: float) -> None:
+    """A worker's measured trial-steps per second, for workers that start later and have none."""
+    d = Path(sweep_dir) / "logs"
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".pace-{os.getpid()}.tmp"
+    tmp.write_text(f"{rate:.6g}\n")
+    tmp.replace(d / f"pace-{os.getpid()}.txt")
+
+
+def known_pace(sweep_dir: Path) -> float | None:
+    """The slowest pace the sweep's workers recorded (this launch's: the launcher clears them)."""
+    rates = []
+    for f in (Path(sweep_dir) / "logs").glob("pace-*.txt"):
+        try:
+            rates.append(float(f.read_text()))
+        except (OSError, ValueError):
+            pass
+    return min(rates) if rates else None
+
+
+def clear_pace(sweep_dir: Path) -> None:
+    for f in (Path(sweep_dir) / "logs").glob("pace-*.txt"):
+        f.unlink(missing_ok=True)

@@ -6,7 +6,8 @@ alive until the queue is empty. How a GPU is filled (packing.py): each worker tr
 trials of a grid point stacked (``--stack``); a GPU has one worker, or under CUDA MPS two
 to start with and more while its measured utilisation stays low (or ``--workers-per-gpu N``
 under MPS); on CPU ``--workers``. It requeues the trials of workers that die, samples GPU
-utilisation, shows the live table and writes the outputs (report.py).
+utilisation, shows the live table and writes the outputs (report.py). With ``--time-limit`` it stops
+at the limit as Ctrl-C would, and before it the workers take only what finishes in time.
 """
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ class GpuSampler(threading.Thread):
 
 def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers: int | None = None,
               workers_per_gpu: int | None = None, heartbeat: int | None = None, live: bool | None = None,
-              retry_failed: bool = False, storage_timeout: float = DEFAULT_TIMEOUT_S, stack: int | None = None) -> int:
+              retry_failed: bool = False, storage_timeout: float = DEFAULT_TIMEOUT_S, stack: int | None = None,
+              time_limit: float | None = None) -> int:
     import optuna
     from sandbox.sweep import report
 
@@ -120,6 +122,9 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
             mps = None
         grow = mps is not None and workers_per_gpu is None
     slots = worker_slots(gpus, workers, packing.START_WORKERS_PER_GPU if grow else workers_per_gpu)
+    t0 = time.time()
+    until = t0 + time_limit if time_limit is not None else None
+    packing.clear_pace(sweep_dir)
     threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, (os.cpu_count() or 1) // len(slots))
     (sweep_dir / "logs").mkdir(exist_ok=True)
     where = f"{len(gpus)} GPU(s) x {len(slots) // len(gpus)}" if gpus else "CPU"
@@ -132,6 +137,10 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                   + (f" under CUDA MPS (private daemon in {mps.root})" if mps else "")
                   + (f", one more while a GPU stays under {packing.IDLE_BELOW:.0f}% busy for "
                      f"{packing.WINDOW_S:.0f} s (at most {packing.MAX_WORKERS_PER_GPU})" if grow else ""))
+    if until is not None:
+        console.print(f"time limit: {time_limit:.0f} s (until {time.strftime('%H:%M:%S', time.localtime(until))}); "
+                      f"workers take only trials that finish by then at their measured pace, and stop "
+                      f"the rest in order at the limit")
     for note in notes:
         console.print(note)
 
@@ -142,6 +151,8 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
         cmd = [sys.executable, "-m", "sandbox.sweep.worker", "--worker", str(sweep_dir), "--study", spec.name,
                "--parent", str(os.getpid()), "--threads", str(threads), "--storage-timeout", str(storage_timeout),
                "--stack", str(stack)]
+        if until is not None:
+            cmd += ["--until", f"{until:.3f}"]
         if storage_url:
             cmd += ["--storage", storage_url, "--heartbeat", str(heartbeat or 10)]
         with open(sweep_dir / "logs" / f"worker-{slot}.log", "a") as log:    # workers get their own session:
@@ -149,8 +160,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                                     start_new_session=True)                             # reaches the launcher only
 
     procs: dict[int, subprocess.Popen] = {}
-    crashes, interrupted = 0, False
-    t0 = time.time()
+    crashes, interrupted, out_of_time, timed_out = 0, False, False, False
     changed = {g: t0 for g in gpus}
     sampler = GpuSampler(gpus)
     sampler.start()
@@ -162,7 +172,8 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                     code = p.poll()
                     if code is not None:
                         del procs[slot]
-                        if code not in (0, 130, EXIT_STORAGE):
+                        out_of_time |= code == packing.EXIT_TIME_LIMIT
+                        if code not in (0, 130, EXIT_STORAGE, packing.EXIT_TIME_LIMIT):
                             crashes += 1
                             board.note(f"worker {slot} (pid {p.pid}) exited with {code}; see logs/worker-{slot}.log")
                 for note in reap(study, hb):
@@ -171,11 +182,11 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                 waiting = sum(t.state.name == "WAITING" for t in trials)
                 running = sum(t.state.name == "RUNNING" for t in trials)
                 crashed = crashes > 3 * len(slots)
-                if waiting and not crashed:
+                if waiting and not crashed and not out_of_time:
                     for slot in [s for s in range(len(slots)) if s not in procs][:waiting]:
                         procs[slot] = spawn(slot)
                         waiting -= stack
-                if grow and waiting > 0 and not crashed:
+                if grow and waiting > 0 and not crashed and not out_of_time:
                     now = time.time()
                     for g in gpus:
                         n = sum(slots[s] == g for s in procs)
@@ -187,7 +198,17 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                             board.note(f"packing: gpu{g} stayed under {packing.IDLE_BELOW:.0f}% busy; "
                                        f"worker {n + 1} on it")
                 board.update(trials, len(procs), sampler.latest())
+                if until is not None and time.time() >= until and procs:
+                    timed_out = True
+                    board.note("time limit reached: stopping the running trials (they resume from checkpoints)")
+                    _stop_workers(procs, study)
+                    procs.clear()
+                    break
                 if not procs:
+                    if out_of_time:
+                        board.note(f"time limit: {waiting} waiting trial(s) would not finish before it; "
+                                   f"they stay queued")
+                        break
                     if crashed:
                         board.note("workers keep crashing; stopping (see the logs)")
                         break
@@ -218,6 +239,9 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
         console.print(f"rerun `sandbox sweep {spec.source}` (same --out) to resume")
         return 130
     left = [t for t in trials if t.state.name in ("WAITING", "RUNNING")]
+    if left and (timed_out or out_of_time):
+        console.print(f"time limit: {len(left)} trial(s) left; rerun `sandbox sweep {spec.source}` (same --out) "
+                      f"to go on")
     return 1 if left else 0
 
 

@@ -8,6 +8,9 @@ of one model: one process start, one compilation and one data pool for all of th
 each still its own trial, run directory, early stop and result. Trials that resume from
 checkpoints go first, stacked with those interrupted at the same step.
 
+With ``--until`` (a time limit) it only takes trials that finish before it at the pace it measured
+(``packing.fits``; stacks shrink near the end), and exits with ``EXIT_TIME_LIMIT`` when none does.
+
 A diverging, out-of-memory or raising trial is recorded as failed with its reason and
 the worker goes on. SIGINT/SIGTERM (or the launcher dying) interrupts the running
 trials at once: ``train`` saves their checkpoints and they are requeued to resume.
@@ -26,18 +29,23 @@ import threading
 import time
 from pathlib import Path
 
+from sandbox.sweep import packing
 from sandbox.sweep.storage import DEFAULT_TIMEOUT_S, EXIT_STORAGE, StorageUnavailable, TrialReporter
 from sandbox.sweep.study import (FINAL_FAIL, HOST, heartbeat_interval, holds, load_study, make_pruner, objective_value,
                                  open_storage, requeue, trials_in, uses_heartbeat)
 
 
 class _Worker:
-    def __init__(self, sweep_dir: Path, study, parent: int, gpu: str | None, stack: int = 1):
+    def __init__(self, sweep_dir: Path, study, parent: int, gpu: str | None, stack: int = 1,
+                 until: float | None = None):
         self.dir, self.study, self.parent, self.gpu, self.stack = sweep_dir, study, parent, gpu, stack
         self.spec = study.user_attrs["spec"]
         self.training = False
         self.stop = False
-        self._keys: dict[int, str | None] = {}
+        self.until = until                  # epoch seconds by which claimed work must be done (None: no limit)
+        self.rate: float | None = None      # trial-steps per second this worker measured (start-ups included)
+        self.out_of_time = False
+        self._keys: dict[int, tuple[str | None, int | None]] = {}      # number -> (stack key, steps left)
 
     def on_signal(self, signum, frame):
         self.stop = True
@@ -58,22 +66,38 @@ class _Worker:
         # workers that start together would each take one trial of the same stack: begin with a stack no
         # running trial belongs to (it is being claimed by another worker), if the queue has one
         busy = {self._stack_key(t) for t in trials_in(self.study, (TrialState.RUNNING,))} - {None}
+        fits = self._fits()
         # interrupted trials first (a requeued copy sits at the end of the queue): they have work in hand
-        first = self._claim_one(lambda t: self._resumes(t) and self._stack_key(t) not in busy)
+        first = self._claim_one(lambda t: self._resumes(t) and self._stack_key(t) not in busy and fits(t, 0))
         if first is None and busy:
-            first = self._claim_one(lambda t: self._stack_key(t) not in busy)
+            first = self._claim_one(lambda t: self._stack_key(t) not in busy and fits(t, 0))
         if first is None:
-            first = self._claim_one()
+            first = self._claim_one(lambda t: fits(t, 0))
         if first is None:
+            self.out_of_time = self.until is not None and bool(trials_in(self.study, (TrialState.WAITING,)))
             return []
-        key = self._stack_key(self.study._storage.get_trial(first))
+        t = self.study._storage.get_trial(first)
+        key, used = self._stack_key(t), self._steps_left(t) or 0
         group = [first]
         while key is not None and len(group) < self.stack:
-            tid = self._claim_one(lambda t: self._stack_key(t) == key)
+            tid = self._claim_one(lambda t: self._stack_key(t) == key and fits(t, used))
             if tid is None:
                 break
             group.append(tid)
+            used += self._steps_left(self.study._storage.get_trial(tid)) or 0
         return group
+
+    def _fits(self):
+        """``fits(trial, steps already claimed)``: whether adding the trial keeps the group inside the time limit."""
+        if self.until is None:
+            return lambda t, used: True
+        left = self.until - time.time()
+        rate = self.rate or packing.known_pace(self.dir)
+
+        def fits(t, used):
+            steps = self._steps_left(t)
+            return packing.fits(used + (steps or 0), rate, left)     # unknown: an invalid config, fails at once
+        return fits
 
     def _resumes(self, t) -> bool:
         run_dir = t.user_attrs.get("run_dir")
@@ -82,20 +106,29 @@ class _Worker:
     def _stack_key(self, t) -> str | None:
         """What a trial must share with the others of a stack (None: it trains alone). A trial that resumes
         stacks with those whose checkpoints are at the same step (an interrupted stack goes on as one)."""
+        return self._describe(t)[0]
+
+    def _steps_left(self, t) -> int | None:
+        """The training steps a trial has left (None: unknown, e.g. an invalid configuration)."""
+        return self._describe(t)[1]
+
+    def _describe(self, t) -> tuple[str | None, int | None]:
         if t.number not in self._keys:
             from sandbox.sweep.spec import build_config
             from sandbox.train import stack_key
             try:
-                key = stack_key(build_config(self.spec["base"], {**t.user_attrs["grid"], **t.user_attrs["tune"]}))
+                cfg = build_config(self.spec["base"], {**t.user_attrs["grid"], **t.user_attrs["tune"]})
+                key, left = stack_key(cfg), cfg.train.steps
             except Exception:
-                key = None
+                key, left = None, None
             if key is not None and self._resumes(t):
                 try:        # the step its checkpoint holds, as the interrupted run recorded it
                     res = json.loads((self.dir / t.user_attrs["run_dir"] / "result.json").read_text())
                     key = f"{key}@{int(res['steps'])}" if res.get("status") == "interrupted" else None
+                    left = max(0, left - int(res["steps"]))
                 except (OSError, ValueError, KeyError, TypeError):
                     key = None
-            self._keys[t.number] = key
+            self._keys[t.number] = (key, left)
         return self._keys[t.number]
 
     def _claim_one(self, wanted=lambda t: True):
@@ -144,6 +177,10 @@ class _Worker:
         while not self.stop:
             tids = self.claim()
             if not tids:
+                if self.out_of_time:
+                    print("no waiting trial finishes before the time limit at this worker's pace; stopping",
+                          flush=True)
+                    return packing.EXIT_TIME_LIMIT
                 return 0
             code = self.run_group(tids)
             if code is not None:
@@ -197,11 +234,14 @@ class _Worker:
             if self.stop:
                 raise KeyboardInterrupt
             self.training = True
+            left = [self._steps_left(t) or 0 for t in (storage.get_trial(tid) for tid in tids)]
+            t_group = time.time()
             try:
                 results = train_replicas(configs, [self.dir / d for d in run_dirs], progress=False,
                                          on_eval=callbacks)
             finally:
                 self.training = False
+            self._measure_pace(configs, left, results, time.time() - t_group)
         except KeyboardInterrupt:
             beat.set()
             for tid, reporter in zip(tids, reporters):
@@ -261,6 +301,15 @@ class _Worker:
         return code
 
 
+    def _measure_pace(self, configs, left, results, wall: float) -> None:
+        """Trial-steps per second over the group just trained, start-up included (what sizes later claims)."""
+        trained = sum(max(0, n - (c.train.steps - res["steps"])) for c, n, res in zip(configs, left, results)
+                      if res is not None and res.get("steps") is not None)
+        if trained and wall > 0:
+            self.rate = trained / wall
+            packing.record_pace(self.dir, self.rate)
+
+
 def _drop_unreadable_checkpoint(path: Path) -> None:
     """A worker killed while saving can leave a truncated checkpoint; start that run afresh."""
     if path.exists():
@@ -293,6 +342,7 @@ def worker_main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--storage-timeout", type=float, default=DEFAULT_TIMEOUT_S)
     p.add_argument("--stack", type=int, default=1, help="trials trained together as stacked replicas, at most")
+    p.add_argument("--until", type=float, help="time limit (epoch seconds): take only trials that finish by then")
     a = p.parse_args(argv)
     import optuna
     import torch
@@ -305,7 +355,7 @@ def worker_main(argv=None) -> int:
         if study.user_attrs["spec"]["pruning"]:
             study.pruner = make_pruner(study.user_attrs["spec"]["pruning"])
         gpu = os.environ.get("CUDA_VISIBLE_DEVICES") or None
-        return _Worker(sweep_dir, study, a.parent, gpu, a.stack).run()
+        return _Worker(sweep_dir, study, a.parent, gpu, a.stack, a.until).run()
     except StorageUnavailable as e:     # the one place a worker ends for the storage
         print(f"worker stopped: {e}", flush=True)
         return EXIT_STORAGE

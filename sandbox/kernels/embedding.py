@@ -1,0 +1,80 @@
+"""Embedding lookup whose backward adds each token's gradient rows once per tile.
+
+The weight gradient of a lookup is a scatter-add of the output gradient's rows into the table. On a
+GPU that is one atomic add per token and column, and MQAR inputs repeat one token most of the time
+(the filler 0 takes 60-90% of the positions): tens of thousands of adds queue on the same row.
+torch.compile's code for it (fused with the first norm's backward) was the costliest kernel of the
+SSE Figure 8 step (0.19 of 2.0 ms on the H200, results/throughput/profile.txt).
+
+Here each program takes a tile of BT tokens and BD columns, sums the rows of equal tokens inside
+the tile with one small matrix product (``[tok_i == tok_j] @ grad``), and only the first row of
+each distinct token adds that sum to the table: a token repeated n times costs about n / BT adds
+per column instead of n.
+
+``embedding(weight, ids)`` is a torch custom op (opaque to torch.compile, which would otherwise
+decompose the backward back into one add per token) with a vmap rule that folds stacked replicas
+into the table's rows. Off CUDA the backward is torch's ``index_add_``; the Triton kernel
+(``triton_embedding.py``) also runs on CPU tensors under ``TRITON_INTERPRET=1``, for the tests.
+"""
+from __future__ import annotations
+
+import torch
+
+
+@torch.library.custom_op("sandbox::embedding_grad", mutates_args=())
+def _grad_op(ids: torch.Tensor, grad: torch.Tensor, num_rows: int) -> torch.Tensor:
+    if grad.is_cuda:
+        from sandbox.kernels.triton_embedding import embedding_grad_triton   # Triton only where it runs
+        return embedding_grad_triton(ids, grad, num_rows)
+    return torch.zeros(num_rows, grad.shape[1], dtype=torch.float32, device=grad.device).index_add_(
+        0, ids, grad.float())
+
+
+@_grad_op.register_fake
+def _grad_op_fake(ids, grad, num_rows):
+    return grad.new_empty(num_rows, grad.shape[1], dtype=torch.float32)
+
+
+@torch.library.custom_op("sandbox::embedding", mutates_args=())
+def _op(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return weight[ids]
+
+
+@_op.register_fake
+def _op_fake(weight, ids):
+    return weight.new_empty(*ids.shape, weight.shape[1])
+
+
+def _setup(ctx, inputs, output):
+    weight, ids = inputs
+    ctx.save_for_backward(ids)
+    ctx.rows, ctx.dtype = weight.shape[0], weight.dtype
+
+
+def _backward(ctx, grad):
+    (ids,) = ctx.saved_tensors
+    g = torch.ops.sandbox.embedding_grad(ids.reshape(-1), grad.reshape(-1, grad.shape[-1]), ctx.rows)
+    return g.to(ctx.dtype), None
+
+
+_op.register_autograd(_backward, setup_context=_setup)
+
+
+@_op.register_vmap
+def _op_vmap(info, in_dims, weight, ids):
+    """Stacked replicas: tables [R, V, D] become one [R * V, D] table and replica r's ids point into
+    its own block of rows."""
+    R = info.batch_size
+    wd, idd = in_dims
+    if wd is None:                               # one table, batched ids: plain extra leading axes
+        return torch.ops.sandbox.embedding(weight, ids), idd
+    weight = weight.movedim(wd, 0)
+    ids = ids.movedim(idd, 0) if idd is not None else ids.expand(R, *ids.shape)
+    V = weight.shape[1]
+    offset = (torch.arange(R, device=ids.device) * V).view(R, *([1] * (ids.dim() - 1)))
+    return torch.ops.sandbox.embedding(weight.reshape(R * V, -1), ids + offset), 0
+
+
+def embedding(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``weight[ids]`` (``[*ids.shape, D]``); its weight gradient sums repeated tokens per tile first."""
+    return torch.ops.sandbox.embedding(weight, ids)
