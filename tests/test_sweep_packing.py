@@ -123,3 +123,42 @@ def test_a_sweep_with_no_time_for_a_trial_leaves_the_queue_untouched(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     states = [t.state.name for t in load_study(open_storage(out, None), "limited").get_trials()]
     assert states == ["COMPLETE"] * 6
+
+
+def test_another_worker_starts_only_where_its_memory_is_free():
+    """HEADROOM (1.5) times the workers' average memory must be free: 3 workers holding 129 of 141 GB (the
+    Figure 8 sweep that ran out) leave no room; 3 holding 30 GB do."""
+    assert packing.HEADROOM == 1.5
+    assert not packing.room_for_one_more(129_000, 141_000, 3)
+    assert packing.room_for_one_more(30_000, 141_000, 3)
+    assert not packing.room_for_one_more(90_000, 141_000, 2)      # 51 GB free < 1.5 x 45
+    assert packing.room_for_one_more(0, 141_000, 0)
+
+
+def test_a_stack_out_of_memory_beside_other_workers_is_requeued_not_failed(tmp_path, monkeypatch):
+    """The out-of-memory error of a group while other processes hold the GPU's memory says nothing about the
+    trials: they go back to the queue (as retries of themselves) and the worker exits with EXIT_MEMORY."""
+    import torch
+
+    import sandbox.train
+    from sandbox.sweep.worker import _Worker
+    study = _study(tmp_path)
+    w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3)
+    group = w.claim()
+    numbers = {study._storage.get_trial(t).number for t in group}
+
+    def out_of_memory(*a, **k):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB")
+    monkeypatch.setattr(sandbox.train, "train_replicas", out_of_memory)
+    monkeypatch.setattr(packing, "gpu_shared", lambda: True)
+    assert w.run_group(group) == packing.EXIT_MEMORY
+    trials = study.get_trials()
+    retries = [t for t in trials if t.user_attrs.get("retry_of") in numbers]
+    assert len(retries) == 3 and all(t.state.name == "WAITING" for t in retries)
+    assert all("out of GPU memory" in t.user_attrs["retry_reason"] for t in retries)
+    # alone on the GPU, the same error is the trials' own: a stack of 3 is retried as 1 + 2, then fails
+    monkeypatch.setattr(packing, "gpu_shared", lambda: False)
+    group = w.claim()
+    assert len(group) == 3 and w.run_group(group) is None
+    failed = [t for t in study.get_trials() if t._trial_id in group]
+    assert [t.state.name for t in failed] == ["FAIL"] * 3 and w.stack == 1

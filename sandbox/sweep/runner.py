@@ -57,17 +57,20 @@ class GpuSampler(threading.Thread):
     def __init__(self, gpus: list[str] = (), period: float = 2.0):
         super().__init__(daemon=True)
         self.period, self.samples, self.times, self.done = period, [], [], threading.Event()
+        self.total_mib: dict[int, float] = {}
         self.enabled = shutil.which("nvidia-smi") is not None
         self.select = ["-i", ",".join(gpus)] if gpus and all(g.isdigit() for g in gpus) else []
 
     def run(self):
         while self.enabled and not self.done.wait(self.period):
             try:
-                out = subprocess.run(["nvidia-smi", *self.select, "--query-gpu=index,utilization.gpu,memory.used",
+                out = subprocess.run(["nvidia-smi", *self.select,
+                                      "--query-gpu=index,utilization.gpu,memory.used,memory.total",
                                       "--format=csv,noheader,nounits"], capture_output=True, text=True,
                                      timeout=10).stdout
-                self.samples.append({int(i): (float(u), float(m)) for i, u, m in
-                                     (line.split(", ") for line in out.strip().splitlines())})
+                rows = [line.split(", ") for line in out.strip().splitlines()]
+                self.total_mib = {int(i): float(t) for i, _, _, t in rows}
+                self.samples.append({int(i): (float(u), float(m)) for i, u, m, _ in rows})
                 self.times.append(time.time())
             except (OSError, ValueError, subprocess.SubprocessError):
                 pass
@@ -161,6 +164,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
 
     procs: dict[int, subprocess.Popen] = {}
     crashes, interrupted, out_of_time, timed_out = 0, False, False, False
+    retired: set[int] = set()           # slots not refilled: their worker ran out of memory next to others
     changed = {g: t0 for g in gpus}
     sampler = GpuSampler(gpus)
     sampler.start()
@@ -173,7 +177,12 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                     if code is not None:
                         del procs[slot]
                         out_of_time |= code == packing.EXIT_TIME_LIMIT
-                        if code not in (0, 130, EXIT_STORAGE, packing.EXIT_TIME_LIMIT):
+                        if code == packing.EXIT_MEMORY and any(slots[s] == slots[slot] for s in procs):
+                            retired.add(slot)
+                            changed[slots[slot]] = float("inf")      # and no more workers there
+                            board.note(f"packing: gpu{slots[slot]} ran out of memory; going on with "
+                                       f"{sum(slots[s] == slots[slot] for s in procs)} worker(s) there")
+                        if code not in (0, 130, EXIT_STORAGE, packing.EXIT_TIME_LIMIT, packing.EXIT_MEMORY):
                             crashes += 1
                             board.note(f"worker {slot} (pid {p.pid}) exited with {code}; see logs/worker-{slot}.log")
                 for note in reap(study, hb):
@@ -183,7 +192,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                 running = sum(t.state.name == "RUNNING" for t in trials)
                 crashed = crashes > 3 * len(slots)
                 if waiting and not crashed and not out_of_time:
-                    for slot in [s for s in range(len(slots)) if s not in procs][:waiting]:
+                    for slot in [s for s in range(len(slots)) if s not in procs and s not in retired][:waiting]:
                         procs[slot] = spawn(slot)
                         waiting -= stack
                 if grow and waiting > 0 and not crashed and not out_of_time:
@@ -191,7 +200,9 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                     for g in gpus:
                         n = sum(slots[s] == g for s in procs)
                         if (g.isdigit() and n < packing.MAX_WORKERS_PER_GPU and now - changed[g] > packing.WINDOW_S
-                                and packing.underfilled(sampler.samples, sampler.times, int(g), now)):
+                                and packing.underfilled(sampler.samples, sampler.times, int(g), now)
+                                and packing.room_for_one_more(sampler.samples[-1][int(g)][1],
+                                                              sampler.total_mib.get(int(g), 0.0), n)):
                             slots.append(g)
                             changed[g] = now
                             procs[len(slots) - 1] = spawn(len(slots) - 1)

@@ -8,6 +8,10 @@ of one model: one process start, one compilation and one data pool for all of th
 each still its own trial, run directory, early stop and result. Trials that resume from
 checkpoints go first, stacked with those interrupted at the same step.
 
+A group that runs out of GPU memory while other processes hold most of it is requeued and the
+worker exits with ``EXIT_MEMORY`` (the launcher then runs one worker fewer on that GPU); alone on
+it, a stack is retried in halves. Between groups a worker hands its cached GPU memory back.
+
 With ``--until`` (a time limit) it only takes trials that finish before it at the pace it measured
 (``packing.fits``; stacks shrink near the end), and exits with ``EXIT_TIME_LIMIT`` when none does.
 
@@ -183,6 +187,7 @@ class _Worker:
                     return packing.EXIT_TIME_LIMIT
                 return 0
             code = self.run_group(tids)
+            packing.release_gpu_memory()        # what this group cached, for the GPU's other workers
             if code is not None:
                 return code
         return 0
@@ -255,9 +260,16 @@ class _Worker:
                 return next((c for c in (self.run_group([tid]) for tid in tids) if c is not None), None)
             failure = f"ValueError: {str(e).splitlines()[0]}"
         except torch.cuda.OutOfMemoryError as e:
+            beat.set()
+            torch.cuda.empty_cache()
+            if packing.gpu_shared():    # other workers hold the memory: these trials may fit once they are done
+                for tid, reporter in zip(tids, reporters):
+                    reporter.abandon()
+                    requeue(study, storage.get_trial(tid), "out of GPU memory while other processes held most of it")
+                print(f"trials {', '.join(str(t.number) for t in trials)}: out of GPU memory while other processes "
+                      f"held most of it; requeued, and this worker stops (one fewer on this GPU)", flush=True)
+                return packing.EXIT_MEMORY
             if len(tids) > 1:           # the stack did not fit: train it (and stack from now on) in halves
-                beat.set()
-                torch.cuda.empty_cache()
                 self.stack = max(1, len(tids) // 2)
                 print(f"trials {', '.join(str(t.number) for t in trials)}: out of GPU memory as a stack of "
                       f"{len(tids)}; training them in stacks of {self.stack}", flush=True)
