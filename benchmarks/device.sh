@@ -83,7 +83,7 @@ sweep)
     secs="${SWEEP_SECONDS:-500}"
     timeout -s INT "$((secs + 80))" python3 -m sandbox.cli sweep "$file" --out "$dir" --no-live \
         --time-limit "$secs" "$@" 2>&1 | tee "$OUT/sweep_$name.txt"
-    tar -czf "$OUT/sweep_$name.tar.gz" --exclude='*.pt' --exclude='events.*' --exclude=mps --exclude=.lock \
+    tar -czf "$OUT/sweep_$name.tar.gz" --exclude='*.pt' --exclude='events.*' --exclude=mps --exclude=.lock --exclude='pace-*' \
         --transform "s|^sweeps_out/|results/|" "$dir"
     ;;
 inspect)

@@ -64,7 +64,7 @@ def add_cli(sub) -> None:
     s.add_argument("--workers-per-gpu", type=int, help="worker processes per visible GPU, under CUDA MPS (default: "
                    "one, and one more while a GPU stays under 60%% busy if MPS can be started)")
     s.add_argument("--stack", type=int, help="trials trained together in one worker as stacked replicas, at most "
-                   "(default: the trials of a grid point, up to 8); 1 trains them one by one")
+                   "(default: the trials of a grid point and its other seeds, up to 12); 1 trains them one by one")
     s.add_argument("--storage", help="shared Optuna storage, e.g. postgresql://user:pw@host/db "
                    "(default: a journal file in the sweep directory)")
     s.add_argument("--heartbeat", type=int, help="seconds between worker heartbeats with --storage "
