@@ -201,6 +201,10 @@ class Step:
     def _capture(self, x, y) -> None:
         self.x, self.y = x.clone(), y.clone()
         torch.cuda.synchronize()
+        # the graph allocates from a pool of its own: hand back what the eager warm-up steps (and an earlier
+        # graph, before a compile) left cached, or the process holds the step's activations two or three
+        # times over (sweep workers on the H200 held 30-70 GB each, and a fourth ran out of memory)
+        torch.cuda.empty_cache()
         self.graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(self.graph, stream=self.stream):
