@@ -52,20 +52,31 @@ def test_forcing_a_graph_on_cpu_is_a_clear_error(tmp_path):
                                    dict(mixer="sse", sse={"n": 4, "k": 1, "impl": "masking"})],
                          ids=["gla", "attention", "deltanet", "gdn_topk", "gsa", "sse"])
 def test_graph_training_matches_eager(tmp_path, model):
-    """Same seed, same batches: replayed steps give the weights and losses of eager steps."""
-    runs = {}
-    for graph in (False, True):
+    """Same seed, same batches: replayed steps give the weights and losses of eager steps, as close as a
+    second eager run is to the first. (The embedding backward's atomic adds make a GPU run's sums
+    order-dependent; bf16 and AdamW carry a last-bit difference on. A graph that replays a stale or
+    wrong step lands far outside that spread.)"""
+    runs = []
+    for name, graph in (("eager", False), ("eager_again", False), ("graph", True)):
         data = copy.deepcopy(BASE)
         data["model"].update(model)
         data["train"]["cuda_graph"] = graph
-        res = train(load_config(data=data), tmp_path / str(graph), progress=False)
-        sd = torch.load(tmp_path / str(graph) / "checkpoint.pt", weights_only=False)["model"]
-        runs[graph] = res, sd
-    (r0, a), (r1, b) = runs[False], runs[True]
-    for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=1e-4, msg=k)
-    assert [h["test/loss"] for h in r1["history"]] == pytest.approx([h["test/loss"] for h in r0["history"]],
-                                                                     rel=1e-3)
+        res = train(load_config(data=data), tmp_path / name, progress=False)
+        sd = torch.load(tmp_path / name / "checkpoint.pt", weights_only=False)["model"]
+        runs.append((res, sd))
+    (r0, a), (r1, a1), (r2, b) = runs
+
+    def spread(x, y):   # the largest relative weight difference over the parameters
+        return max(((x[k].double() - y[k].double()).norm() / y[k].double().norm().clamp_min(1e-12)).item()
+                   for k in y if y[k].is_floating_point())
+
+    noise, gap = spread(a1, a), spread(b, a)
+    print(f"eager vs eager {noise:.2e}, graph vs eager {gap:.2e}")
+    assert gap <= max(1e-4, 5 * noise), f"graph vs eager {gap:.2e} against eager vs eager {noise:.2e}"
+    losses = [[h["test/loss"] for h in r["history"]] for r in (r0, r1, r2)]
+    loss_noise = max(abs(x - y) / abs(y) for x, y in zip(losses[1], losses[0]))
+    loss_gap = max(abs(x - y) / abs(y) for x, y in zip(losses[2], losses[0]))
+    assert loss_gap <= max(1e-3, 5 * loss_noise), (loss_gap, loss_noise)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton embedding backward runs on a GPU")
