@@ -88,7 +88,9 @@ def test_near_a_time_limit_a_worker_stacks_only_what_finishes(tmp_path):
     assert (packing.STARTUP_S, packing.SAFETY) == (30.0, 1.5)      # the numbers the counts below assume
     study = _study(tmp_path)
     w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
-    w.rate = 10.0
+    first = study.get_trials()[0]                                   # the queue's head: grid point d_model 16
+    key, family, _ = w._kind(first)
+    w.paces = {key: (family, 10.0)}
     group = w.claim()
     trials = [study._storage.get_trial(t) for t in group]
     assert len(group) == 2 and trials[0].user_attrs["grid"] == trials[1].user_attrs["grid"]
@@ -97,10 +99,40 @@ def test_near_a_time_limit_a_worker_stacks_only_what_finishes(tmp_path):
     # without a measured pace (a fresh worker, no other worker's record) it takes a whole stack
     fresh = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
     assert len(fresh.claim()) == 3
-    # a later worker starts from the slowest pace its peers recorded
-    packing.record_pace(tmp_path / "out", 10.0)
+    # a later worker starts from the paces its peers recorded: the d_model 32 point has none of its own
+    # nor of its family (another width), so it is taken at half the slowest known pace, 5 trial-steps/s
+    packing.record_pace(tmp_path / "out", {key: (family, 10.0)})
     late = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
-    assert len(late.claim()) == 1            # the one waiting trial left
+    assert len(late.claim()) == 1            # 30 + 1.5 x 100 / 5 = 60 s fits in 70; the one trial left
+
+
+def test_a_fresh_worker_sizes_its_claims_from_the_groups_the_sweep_finished_before(tmp_path):
+    """A new launch (a fresh machine) has no records of its own: the completed trials' groups give the pace.
+    The d_model 16 point's three trials finished as a stack of 3 x 100 steps in 30 s (10 trial-steps/s). Its
+    kind is then known; the d_model 32 point's is not, so it is sized at half of that: at 5 trial-steps/s one
+    trial takes 30 + 1.5 x 100 / 5 = 60 s, two 90 s."""
+    from sandbox.sweep.worker import _Worker
+    study = _study(tmp_path)
+    w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3)
+    for tid in w.claim():
+        study._storage.set_trial_user_attr(tid, "result", {"steps": 100, "replicas": 3, "wall_time_s": 30.0})
+        study.tell(study._storage.get_trial(tid).number, 0.5)
+    fresh = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
+    done = study.get_trials()[0]
+    assert fresh._paces() == {fresh._kind(done)[0]: (fresh._kind(done)[1], 10.0)}
+    assert len(fresh.claim()) == 1
+    roomier = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 100)
+    assert len(roomier.claim()) == 2
+
+
+def test_an_unmeasured_kind_of_stack_takes_its_familys_slowest_pace():
+    """Own pace first; else the slowest of the same mixer, width and length (GSA's two settings); else half the
+    slowest of all; else unknown."""
+    paces = {"gla-a": ("gla|128|320", 150.0), "gsa-a": ("gsa|128|320", 60.0), "gsa-b": ("gsa|128|320", 80.0)}
+    assert packing.pace_for("gla-a", "gla|128|320", paces) == 150.0
+    assert packing.pace_for("gsa-c", "gsa|128|320", paces) == 60.0
+    assert packing.pace_for("metala-a", "metala|128|320", paces) == 60.0 / packing.UNKNOWN_SLOWER
+    assert packing.pace_for("metala-a", "metala|128|320", {}) is None
 
 
 def test_a_sweep_with_no_time_for_a_trial_leaves_the_queue_untouched(tmp_path):

@@ -62,7 +62,8 @@ def add_cli(sub) -> None:
     s.add_argument("--workers", type=int, help="number of worker processes (default: 1 on CPU, "
                    "--workers-per-gpu x GPUs otherwise)")
     s.add_argument("--workers-per-gpu", type=int, help="worker processes per visible GPU, under CUDA MPS (default: "
-                   "one, and one more while a GPU stays under 60%% busy if MPS can be started)")
+                   "two, and one more while a GPU stays under 60%% busy; one with --time-limit or where MPS "
+                   "cannot be started)")
     s.add_argument("--stack", type=int, help="trials trained together in one worker as stacked replicas, at most "
                    "(default: the trials of a grid point and its other seeds, up to 12); 1 trains them one by one")
     s.add_argument("--storage", help="shared Optuna storage, e.g. postgresql://user:pw@host/db "
@@ -74,8 +75,9 @@ def add_cli(sub) -> None:
                    "restart, a full disk) before the sweep stops to be resumed (default 600); training "
                    "goes on meanwhile")
     s.add_argument("--time-limit", type=float, metavar="SECONDS",
-                   help="stop after SECONDS: workers start only trials that finish by then at their measured "
-                   "pace (stacking fewer near the end), and the rest stop in order at the limit; rerun to go on")
+                   help="stop after SECONDS: workers start only trials that finish by then at the pace measured "
+                   "for their kind of stack (in this run, or from the sweep's finished trials), stacking fewer "
+                   "near the end; the rest stop in order at the limit; rerun to go on")
     s.add_argument("--dry-run", action="store_true", help="validate and list the points, run nothing")
     s.add_argument("--retry-failed", action="store_true", help="queue failed points again (e.g. after "
                    "fixing what made them fail); complete ones are kept")

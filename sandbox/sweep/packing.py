@@ -15,15 +15,20 @@ one GPU only time-slice it (8 of them summed about what one alone did). So:
   packs processes.
 
 With a time limit (``sandbox sweep --time-limit``) a worker sizes what it takes to what finishes before
-the limit, from the pace it measured (``fits``): near the end it stacks fewer trials, then none, instead
-of starting stacks that the limit would cut off (on a machine that is given back, their checkpoints
-would be lost with it).
+the limit (``fits``), from the pace measured for that kind of stack (``pace_for``): in this launch, or
+from the trials the sweep finished before (their groups' wall time), so that a fresh machine does not
+start blind. Near the end it stacks fewer trials, then none, instead of starting stacks that the limit
+would cut off (on a machine that is given back, their checkpoints are lost with it). Under a limit the
+launcher runs one worker per GPU unless told otherwise: a second one sharing the GPU would slow the
+stacks each sized to the limit (on the H200, three workers' 9-trial stacks ran at a third of the pace
+one alone had, and none finished in its 500 s).
 
 ``MPS`` starts a private MPS control daemon (its own pipe and log directories inside the sweep
 directory, so it touches no other user of the GPU) and stops it when the sweep ends.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -37,6 +42,7 @@ WINDOW_S = 30.0               # seconds of samples a decision looks at
 # start-up is 5-30 s, and a small stack near the end may not compile, at half the compiled pace)
 STARTUP_S = 30.0              # seconds a group spends before its first step, at most
 SAFETY = 1.5                  # a group may train this much slower than the pace measured before it
+UNKNOWN_SLOWER = 2.0          # a kind of stack never measured is taken as this much slower than the slowest
 EXIT_TIME_LIMIT = 76          # a worker's exit code: trials are waiting, but none finishes before the limit
 EXIT_MEMORY = 77              # a worker's exit code: out of GPU memory that other workers held; run one fewer
 HEADROOM = 1.5                # another worker starts only where this many workers' average memory is free
@@ -139,32 +145,48 @@ def release_gpu_memory() -> None:
 
 def fits(trial_steps: int, rate: float | None, seconds_left: float) -> bool:
     """Whether a group of ``trial_steps`` (summed over its trials) finishes in ``seconds_left`` at ``rate``
-    trial-steps per second (None: not measured yet, so only the start-up is checked)."""
+    trial-steps per second (None: nothing measured yet, so only the start-up is checked)."""
     if seconds_left < STARTUP_S:
         return False
     return rate is None or STARTUP_S + SAFETY * trial_steps / rate <= seconds_left
 
 
-def record_pace(sweep_dir: Path, rate: float) -> None:
-    """A worker's measured trial-steps per second, for workers that start later and have none."""
+def pace_for(key: str, family: str, paces: dict[str, tuple[str, float]]) -> float | None:
+    """The pace (trial-steps/s) to size a group of stack ``key`` by, from ``paces`` (stack key -> (family,
+    pace)) measured so far: its own; else the slowest of its family (same mixer, width and length: on
+    the H200 a GSA stack ran at half a GLA stack's pace, and sizing GSA by GLA's pace started stacks the
+    limit then cut off); else the slowest of all over ``UNKNOWN_SLOWER``; None where nothing is known."""
+    if key in paces:
+        return paces[key][1]
+    kin = [r for f, r in paces.values() if f == family]
+    if kin:
+        return min(kin)
+    return min(r for _, r in paces.values()) / UNKNOWN_SLOWER if paces else None
+
+
+def record_pace(sweep_dir: Path, paces: dict[str, tuple[str, float]]) -> None:
+    """A worker's measured paces (stack key -> (family, trial-steps/s)), for workers that start later."""
     d = Path(sweep_dir) / "logs"
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".pace-{os.getpid()}.tmp"
-    tmp.write_text(f"{rate:.6g}\n")
-    tmp.replace(d / f"pace-{os.getpid()}.txt")
+    tmp.write_text(json.dumps(paces))
+    tmp.replace(d / f"pace-{os.getpid()}.json")
 
 
-def known_pace(sweep_dir: Path) -> float | None:
-    """The slowest pace the sweep's workers recorded (this launch's: the launcher clears them)."""
-    rates = []
-    for f in (Path(sweep_dir) / "logs").glob("pace-*.txt"):
+def known_paces(sweep_dir: Path) -> dict[str, tuple[str, float]]:
+    """The slowest pace of each stack key that this launch's workers recorded (the launcher clears them)."""
+    out: dict[str, tuple[str, float]] = {}
+    for f in (Path(sweep_dir) / "logs").glob("pace-*.json"):
         try:
-            rates.append(float(f.read_text()))
+            recs = json.loads(f.read_text())
         except (OSError, ValueError):
-            pass
-    return min(rates) if rates else None
+            continue
+        for key, (family, rate) in recs.items():
+            if key not in out or rate < out[key][1]:
+                out[key] = (family, float(rate))
+    return out
 
 
 def clear_pace(sweep_dir: Path) -> None:
-    for f in (Path(sweep_dir) / "logs").glob("pace-*.txt"):
+    for f in (Path(sweep_dir) / "logs").glob("pace-*"):
         f.unlink(missing_ok=True)

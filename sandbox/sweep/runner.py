@@ -115,6 +115,11 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
     added = enqueue_points(study, spec, retry_failed)
     stack = packing.group_size(spec) if stack is None else stack
     mps, grow = None, False
+    if gpus and time_limit is not None and workers_per_gpu is None and not workers:
+        # stacks are sized to the limit by paces measured alone; a second worker would slow them to half
+        notes.append("packing: one worker per GPU under a time limit (a second one, sharing the GPU, would "
+                     "slow the stacks each sized to the limit; --workers-per-gpu N to pack anyway)")
+        workers_per_gpu = 1
     if gpus and (workers_per_gpu is None or workers_per_gpu > 1) and not workers:
         mps = packing.MPS(sweep_dir)
         if not mps.start():
@@ -123,8 +128,9 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                               f"processes without MPS only take turns on a GPU")
                 workers_per_gpu = 1
             mps = None
-        grow = mps is not None and workers_per_gpu is None
-    slots = worker_slots(gpus, workers, packing.START_WORKERS_PER_GPU if grow else workers_per_gpu)
+        if mps is not None and workers_per_gpu is None:
+            workers_per_gpu, grow = packing.START_WORKERS_PER_GPU, True
+    slots = worker_slots(gpus, workers, workers_per_gpu)
     t0 = time.time()
     until = t0 + time_limit if time_limit is not None else None
     packing.clear_pace(sweep_dir)
@@ -142,7 +148,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                      f"{packing.WINDOW_S:.0f} s (at most {packing.MAX_WORKERS_PER_GPU})" if grow else ""))
     if until is not None:
         console.print(f"time limit: {time_limit:.0f} s (until {time.strftime('%H:%M:%S', time.localtime(until))}); "
-                      f"workers take only trials that finish by then at their measured pace, and stop "
+                      f"workers take only trials that finish by then at their kind's measured pace, and stop "
                       f"the rest in order at the limit")
     for note in notes:
         console.print(note)

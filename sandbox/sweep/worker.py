@@ -12,8 +12,9 @@ A group that runs out of GPU memory while other processes hold most of it is req
 worker exits with ``EXIT_MEMORY`` (the launcher then runs one worker fewer on that GPU); alone on
 it, a stack is retried in halves. Between groups a worker hands its cached GPU memory back.
 
-With ``--until`` (a time limit) it only takes trials that finish before it at the pace it measured
-(``packing.fits``; stacks shrink near the end), and exits with ``EXIT_TIME_LIMIT`` when none does.
+With ``--until`` (a time limit) it only takes trials that finish before it at the pace measured for their
+kind of stack (``packing.fits``, ``packing.pace_for``; stacks shrink near the end), and exits with
+``EXIT_TIME_LIMIT`` when none does.
 
 A diverging, out-of-memory or raising trial is recorded as failed with its reason and
 the worker goes on. SIGINT/SIGTERM (or the launcher dying) interrupts the running
@@ -47,9 +48,10 @@ class _Worker:
         self.training = False
         self.stop = False
         self.until = until                  # epoch seconds by which claimed work must be done (None: no limit)
-        self.rate: float | None = None      # trial-steps per second this worker measured (start-ups included)
+        self.paces: dict[str, tuple[str, float]] = {}   # stack key -> (family, trial-steps/s) this worker measured
         self.out_of_time = False
         self._keys: dict[int, tuple[str | None, int | None]] = {}      # number -> (stack key, steps left)
+        self._kinds: dict[int, tuple[str | None, str, int | None]] = {}  # number -> (stack key, family, steps)
 
     def on_signal(self, signum, frame):
         self.stop = True
@@ -92,16 +94,47 @@ class _Worker:
         return group
 
     def _fits(self):
-        """``fits(trial, steps already claimed)``: whether adding the trial keeps the group inside the time limit."""
+        """``fits(trial, steps already claimed)``: whether adding the trial keeps the group inside the time limit,
+        at the pace measured for its kind of stack (``packing.pace_for``)."""
         if self.until is None:
             return lambda t, used: True
         left = self.until - time.time()
-        rate = self.rate or packing.known_pace(self.dir)
+        paces = self._paces()
 
         def fits(t, used):
-            steps = self._steps_left(t)
-            return packing.fits(used + (steps or 0), rate, left)     # unknown: an invalid config, fails at once
+            key, family, _ = self._kind(t)
+            rate = packing.pace_for(key, family, paces) if key is not None else None
+            return packing.fits(used + (self._steps_left(t) or 0), rate, left)  # unknown: invalid, fails at once
         return fits
+
+    def _paces(self) -> dict[str, tuple[str, float]]:
+        """Paces by stack key: the groups the sweep completed before (a completed trial's steps x replicas over
+        its group's wall time; the slowest per key), overridden by this launch's (its workers' records)."""
+        from optuna.trial import TrialState
+        paces: dict[str, tuple[str, float]] = {}
+        for t in trials_in(self.study, (TrialState.COMPLETE,)):
+            res = t.user_attrs.get("result") or {}
+            try:
+                rate = float(res["steps"]) * int(res.get("replicas") or 1) / float(res["wall_time_s"])
+            except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                continue
+            key, family, _ = self._kind(t)
+            if key is not None and (key not in paces or rate < paces[key][1]):
+                paces[key] = (family, rate)
+        paces.update(packing.known_paces(self.dir))
+        paces.update(self.paces)
+        return paces
+
+    def _kind(self, t) -> tuple[str | None, str, int | None]:
+        """(stack key, family, training steps) of a trial's configuration (key None: not a valid one)."""
+        if t.number not in self._kinds:
+            from sandbox.sweep.spec import build_config
+            try:
+                cfg = build_config(self.spec["base"], {**t.user_attrs["grid"], **t.user_attrs["tune"]})
+                self._kinds[t.number] = (*_kind_of(cfg), cfg.train.steps)
+            except Exception:
+                self._kinds[t.number] = (None, "", None)
+        return self._kinds[t.number]
 
     def _resumes(self, t) -> bool:
         run_dir = t.user_attrs.get("run_dir")
@@ -118,13 +151,7 @@ class _Worker:
 
     def _describe(self, t) -> tuple[str | None, int | None]:
         if t.number not in self._keys:
-            from sandbox.sweep.spec import build_config
-            from sandbox.train import stack_key
-            try:
-                cfg = build_config(self.spec["base"], {**t.user_attrs["grid"], **t.user_attrs["tune"]})
-                key, left = stack_key(cfg), cfg.train.steps
-            except Exception:
-                key, left = None, None
+            key, _, left = self._kind(t)
             if key is not None and self._resumes(t):
                 try:        # the step its checkpoint holds, as the interrupted run recorded it
                     res = json.loads((self.dir / t.user_attrs["run_dir"] / "result.json").read_text())
@@ -314,12 +341,22 @@ class _Worker:
 
 
     def _measure_pace(self, configs, left, results, wall: float) -> None:
-        """Trial-steps per second over the group just trained, start-up included (what sizes later claims)."""
+        """Trial-steps per second over the group just trained, start-up included (what sizes later claims of
+        its kind of stack)."""
         trained = sum(max(0, n - (c.train.steps - res["steps"])) for c, n, res in zip(configs, left, results)
                       if res is not None and res.get("steps") is not None)
+        key, family = _kind_of(configs[0])
         if trained and wall > 0:
-            self.rate = trained / wall
-            packing.record_pace(self.dir, self.rate)
+            self.paces[key] = (family, trained / wall)
+            packing.record_pace(self.dir, self.paces)
+
+
+def _kind_of(cfg) -> tuple[str, str]:
+    """(stack key, family) of a configuration: what a pace is measured for, and its kin (same mixer, width and
+    length), whose pace stands in for a kind not measured yet."""
+    from sandbox.train import stack_key
+    seq_len = getattr(cfg.task.params, "seq_len", None)
+    return stack_key(cfg), f"{cfg.model.mixer}|{cfg.model.d_model}|{seq_len}"
 
 
 def _drop_unreadable_checkpoint(path: Path) -> None:
