@@ -247,6 +247,23 @@ def test_plot_best_over_lr_then_mean_over_seeds(tmp_path):
     assert main(["plot", str(tmp_path), "--x", "model.width"]) == 2          # one-line error
 
 
+def test_plot_leaves_out_trials_that_did_not_finish(tmp_path):
+    """A failed trial's row has best_accuracy 0 and an interrupted one its value so far: neither is a result.
+    A cell whose trials all failed has no point at all (the Figure 8 plot showed such a cell at 0.0)."""
+    from sandbox.analysis.plot_sweep import plot_sweep
+    head = "trial,status,seed,model.mixer,train.lr,best_accuracy\n"
+    rows = ["0,complete,0,gla,0.001,0.6", "1,complete,0,gla,0.003,0.8", "2,failed,0,gla,0.01,0",
+            "3,requeued,1,gla,0.001,0.95", "4,complete,1,gla,0.001,0.7", "5,waiting,1,gla,0.003,",
+            "6,failed,0,gsa,0.001,0", "7,failed,1,gsa,0.001,0"]
+    (tmp_path / "results.csv").write_text(head + "\n".join(rows) + "\n")
+    lines = []
+    res = plot_sweep(tmp_path, x="model.mixer", log=lines.append)
+    assert list(res["points"]) == [("gla",)]
+    s = res["points"][("gla",)]
+    assert s["mean"] == pytest.approx((0.8 + 0.7) / 2) and s["seeds"] == 2 and s["trials"] == 3
+    assert "left out 5 trials that did not finish (3 failed, 1 requeued, 1 waiting)" in lines
+
+
 def test_categorical_x_is_not_joined_by_lines_and_titles_fit(tmp_path):
     """Mixer names on x are categories: markers with error bars side by side, no line from one name to
     the next; a long title wraps inside the figure instead of running past its edges."""

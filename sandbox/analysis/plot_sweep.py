@@ -74,6 +74,18 @@ def load_rows(sweep_dir) -> tuple[list[dict], str]:
     return rows, f"{len(rows)} result.json files under {d}"
 
 
+# what a trial that ran to its end (or was stopped by the sweep's rule) records: results.csv's states, then
+# result.json's; a failed trial's row carries an accuracy of 0 and an interrupted one its value so far
+FINISHED = {"complete", "pruned", "completed", "early_stopped", "stopped"}
+
+
+def finished(rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
+    """The rows of trials that finished (rows without a status kept), and a count of the others by status."""
+    from collections import Counter
+    left = Counter(str(r["status"]) for r in rows if r.get("status") is not None and r["status"] not in FINISHED)
+    return [r for r in rows if r.get("status") is None or r["status"] in FINISHED], dict(left)
+
+
 def _number(v) -> float | None:
     if isinstance(v, bool) or v is None:
         return None
@@ -164,7 +176,10 @@ def plot_sweep(sweep_dir, x: str, y: str = "test/accuracy", hue: str | None = No
     if heatmap and hue:
         raise ValueError("hue: a heatmap has no lines; use --col or --where to split it")
     rows, source = load_rows(sweep_dir)
-    rows = _filter(rows, list(where))
+    rows, unfinished = finished(_filter(rows, list(where)))
+    if unfinished:
+        log(f"left out {sum(unfinished.values())} trials that did not finish ("
+            + ", ".join(f"{n} {s}" for s, n in sorted(unfinished.items(), key=lambda kv: -kv[1])) + ")")
     ycol = _resolve_y(rows, y)
     axes = [a for a in (col, hue, heatmap, x) if a]
     lower = "loss" in ycol or "loss" in y
