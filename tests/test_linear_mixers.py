@@ -242,3 +242,31 @@ def test_short_conv_is_causal():
 def test_bad_config_is_a_clear_error(field, value, match):
     with pytest.raises(ValueError, match=match):
         make("gla" if field != "topk" else "deltanet", **{field: value})
+
+
+@pytest.mark.parametrize("overrides", [{}, {"conv_size": 4, "topk": 3}], ids=["plain", "conv_topk"])
+@pytest.mark.parametrize("name", LINEAR)
+def test_one_product_for_the_input_projections_equals_one_per_module(name, overrides, monkeypatch):
+    """``project`` multiplies x by the stacked bias-free weights once; calling each projection module on x
+    (what it replaced) must give the same output and gradients, in float64."""
+    overrides = dict(overrides)
+    if overrides.get("conv_size") and "conv_size" not in {f.name for f in dataclasses.fields(mixer_config_class(name))}:
+        overrides.pop("conv_size")
+    fused = make(name, **overrides, impl="torch")
+    split = make(name, **overrides, impl="torch")
+    split.load_state_dict(fused.state_dict())
+    gate = split.gate_proj[0] if isinstance(split.gate_proj, torch.nn.Sequential) else split.gate_proj
+    mods = {"q": split.q_proj, "k": split.k_proj, "v": split.v_proj,
+            "gate": gate if gate is not None and gate.bias is None else None, "og": split.g_proj}
+    monkeypatch.setattr(split, "project", lambda x: {n: m(x) for n, m in mods.items() if m is not None})
+    x = torch.randn(2, 40, CTX.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    outs = []
+    for m in (fused, split):
+        xi = x.clone().requires_grad_(True)
+        m(xi).square().sum().backward()
+        outs.append((m(xi).detach(), xi.grad, {n: p.grad for n, p in m.named_parameters()}))
+    (y1, gx1, gp1), (y2, gx2, gp2) = outs
+    torch.testing.assert_close(y1, y2, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gx1, gx2, rtol=1e-10, atol=1e-12)
+    for n in gp2:
+        torch.testing.assert_close(gp1[n], gp2[n], rtol=1e-10, atol=1e-12, msg=lambda s: f"{name}.{n}: {s}")

@@ -173,21 +173,39 @@ class LinearMixer(Mixer):
             g = F.logsigmoid(f)
         return g / cfg.gate_normalizer, None
 
+    def project(self, x: torch.Tensor) -> dict:
+        """The bias-free projections of x by name (q, k, v, the gate's input, the output gate's), as one matrix
+        product: x is read once and one larger product replaces up to five small ones, forward and backward
+        (at d_model 128 each is too small to fill the GPU). The weights stay separate parameters."""
+        gate = self.gate_proj[0] if isinstance(self.gate_proj, nn.Sequential) else self.gate_proj
+        mods = {"q": self.q_proj, "k": self.k_proj, "v": self.v_proj,
+                "gate": gate if gate is not None and gate.bias is None else None, "og": self.g_proj}
+        mods = {n: m for n, m in mods.items() if m is not None}
+        w = torch.cat([m.weight for m in mods.values()])
+        return dict(zip(mods, F.linear(x, w).split([m.out_features for m in mods.values()], -1)))
+
     def features(self, x: torch.Tensor) -> dict:
         """Queries, keys, values, log-decays and betas for the recurrence, [B, T, H, *]."""
         cfg = self.cfg
         B, T, _ = x.shape
         H, K = self.H, self.K
-        parts = [self.q_proj(x)] + ([] if self.k_proj is None else [self.k_proj(x)]) + [self.v_proj(x)]
+        proj = self.project(x)
+        parts = [proj[n] for n in ("q", "k", "v") if n in proj]
         if self.conv is not None:
             sizes = [p.shape[-1] for p in parts]
             parts = list(causal_conv(torch.cat(parts, -1), self.conv).split(sizes, -1))
         q = parts[0].view(B, T, H, self.QK)
         v = parts[-1].view(B, T, H, self.V)
-        p = {"q": feature_map(cfg.feature_map, q), "v": v, "g": None, "beta": None, "dt": None}
+        p = {"q": feature_map(cfg.feature_map, q), "v": v, "g": None, "beta": None, "dt": None, "og": proj.get("og")}
         f = None
         if self.gate_proj is not None:
-            f = self.gate_proj(x).view(B, T, H, -1)
+            if "gate" not in proj:                          # a full-rank gate with a bias
+                f = self.gate_proj(x)
+            elif isinstance(self.gate_proj, nn.Sequential):  # low rank: its second, biased factor
+                f = self.gate_proj[1](proj["gate"])
+            else:
+                f = proj["gate"]
+            f = f.view(B, T, H, -1)
             f = f.to(torch.promote_types(f.dtype, torch.float32))  # log-decays in >= fp32 under autocast
             if cfg.transition != "diagonal":  # one scalar per head
                 f = f[..., 0]
@@ -236,8 +254,8 @@ class LinearMixer(Mixer):
         elif cfg.output_norm == "layer":
             o = F.layer_norm(o, (self.V,), eps=1e-5) * self.norm_weight + self.norm_bias
         o = o.reshape(*o.shape[:2], self.H * self.V)
-        if self.g_proj is not None:
-            o = o * F.silu(self.g_proj(x))
+        if p.get("og") is not None:
+            o = o * F.silu(p["og"])
         return self.o_proj(o)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
