@@ -31,3 +31,17 @@ def test_a_bad_configuration_is_one_line_naming_it(tmp_path):
 def test_loss_gap_is_relative_and_only_over_common_steps():
     assert loss_gap([(25, 2.0), (50, 1.0), (300, 9.0)], [(25, 2.0), (50, 0.5)]) == 1.0
     assert loss_gap([(25, 2.0)], [(50, 2.0)]) is None
+
+
+def test_the_reference_is_compiled_too_when_its_config_has_the_key(tmp_path):
+    """A reference run that leaves `train.compile` at auto never compiles in a 300-step bench (it ran 4.9 ms
+    uncompiled against 2.0 compiled on the H200); fb670ab's config has no such key and would reject it."""
+    from pathlib import Path
+
+    from sandbox.bench.train import knows_compile
+    assert knows_compile(Path(__file__).resolve().parents[1])
+    old = tmp_path / "sandbox"
+    old.mkdir()
+    (old / "config.py").write_text("class TrainConfig:\n    steps: int = 1000\n    cuda_graph: bool = True\n"
+                                   "    # compile: not here yet\n")
+    assert not knows_compile(tmp_path)

@@ -51,6 +51,13 @@ REFERENCE = {
 ROOT = Path(__file__).resolve().parents[2]          # this checkout (holds the sandbox package)
 
 
+def knows_compile(code: Path) -> bool:
+    """Whether a version's config has ``train.compile`` (fb670ab, before it, does not and rejects the key)."""
+    import re
+    text = (code / "sandbox" / "config.py").read_text()
+    return re.search(r"^\s+compile\s*:", text, re.M) is not None
+
+
 def ref_code(ref: str) -> Path:
     """A directory holding another version's ``sandbox`` package: ``ref`` itself if it is one, else
     a git worktree of that commit (made once, under the system's temp directory)."""
@@ -184,11 +191,11 @@ def main_train(argv=None) -> int:
         data["train"].update(steps=a.steps, eval_every=a.steps, log_every=25, early_stop=None)
         for item in a.set:
             set_dotted(data, *parse_override(item))
-        # the steady step of a long run: compiled from the start (auto would decide after 50 steps); the
-        # reference code may not know the key
+        # the steady step of a long run: compiled from the start (auto would decide after 50 steps, and not
+        # compile a run this short), in the reference code too where it has the key
         mine = {**data, "train": {"compile": True, **data["train"]}}
         new = run_one(ROOT, name, mine, out / name / "new", roofline=True, profile=a.profile)
-        old = run_one(ref, name, data, out / name / "ref") if ref else None
+        old = run_one(ref, name, mine if ref and knows_compile(ref) else data, out / name / "ref") if ref else None
         stacked = run_one(ROOT, name, mine, out / name / "stacked", replicas=a.replicas) if a.replicas > 1 else None
         rows.append(summarise(name, data, new, old, stacked))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
