@@ -1,4 +1,4 @@
-"""Subcommands ``sandbox inspect``, ``sandbox plot`` and ``sandbox compare``."""
+"""Subcommands ``sandbox inspect``, ``sandbox plot``, ``sandbox verdict`` and ``sandbox compare``."""
 from __future__ import annotations
 
 
@@ -13,6 +13,12 @@ def cmd_plot(args) -> int:
     from sandbox.analysis.plot_sweep import plot_sweep
     plot_sweep(args.sweep_dir, x=args.x, y=args.y, hue=args.hue, col=args.col, heatmap=args.heatmap,
                spread=args.spread, out=args.out, where=args.where)
+    return 0
+
+
+def cmd_verdict(args) -> int:
+    from sandbox.analysis.verdicts import verdicts
+    print("\n\n".join(c.markdown() for c in verdicts(args.sweep_dir)))
     return 0
 
 
@@ -49,6 +55,11 @@ def add_cli(sub) -> None:
                    help="keep only rows with this value (repeatable)")
     p.add_argument("--out", help="PNG path (default SWEEP_DIR/plots/<y>_vs_<x>....png)")
     p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("verdict", help="a figure's claims judged by the criteria fixed before it ran "
+                                       "(results/README.md), from its sweep directory")
+    p.add_argument("sweep_dir", help="a figure's sweep directory, e.g. results/sse_fig8_topk")
+    p.set_defaults(func=cmd_verdict)
 
     p = sub.add_parser("compare", help="train two variants over several seeds; interval and Welch t-test",
                        description="A and B are run YAML files, or mixer variants written NAME[+KEY=VALUE...] "
