@@ -112,3 +112,104 @@ def test_a_sweep_without_criteria_is_a_clear_error(tmp_path):
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({"name": "other", "base": {"task": {"num_kv_pairs": 8}}}))
     with pytest.raises(ValueError, match="has no criteria"):
         verdicts(tmp_path)
+
+
+def write_rows(tmp_path, name, num_kv_pairs, cells):
+    """cells: [(grid values, [best accuracy per seed])], written as one complete trial per seed plus a
+    worse learning rate."""
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(
+        {"name": name, "base": {"task": {"name": "mqar", "num_kv_pairs": num_kv_pairs}}}))
+    cols = sorted(set().union(*(g.keys() for g, _ in cells)))
+    with open(tmp_path / "results.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["trial", "status", "seed", *cols, "train.lr", "best_accuracy"])
+        n = 0
+        for grid, accs in cells:
+            for seed, acc in enumerate(accs):
+                for lr, a in ((2e-3, acc), (8e-3, acc / 3)):
+                    w.writerow([n, "complete", seed, *("" if grid.get(c) is None else grid.get(c) for c in cols),
+                                lr, a])
+                    n += 1
+    return tmp_path
+
+
+def sse(n, k, accs):
+    return ({"model.mixer": "sse", "model.sse.n": n, "model.sse.k": k, "model.gla.topk": None,
+             "model.gla.conv_size": 0}, accs)
+
+
+def test_state_scaling_claims(tmp_path):
+    """Recall set by n alone (k/n does not matter beyond 1/2): claim 1 holds; at n4 and n8 k/n 1/2 beats
+    k1 and k = n adds nothing, so claim 2 holds; k = n matches GLA at n1 and n2 only, so claim 3 does not
+    hold."""
+    level = {1: 0.22, 2: 0.27, 4: 0.5, 8: 0.8}
+    cells = [sse(n, k, [level[n] - (0.1 if k == 1 and n >= 4 else 0) + e for e in (0.0, 0.01, 0.02)])
+             for n, k in [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (8, 4), (8, 8)]]
+    cells.append(({"model.mixer": "gla", "model.gla.topk": None, "model.gla.conv_size": 0}, [0.24, 0.25, 0.26]))
+    one, two, three = verdicts(write_rows(tmp_path, "sse_state_scaling", 32, cells))
+    assert [o for _, _, o in one.items] == ["gain", "gain", "gain"] and one.verdict() == "holds"
+    assert two.verdict() == "holds"
+    assert [o for _, _, o in three.items] == ["alike", "alike", "not alike", "not alike"]
+    assert three.verdict() == "does not hold"
+    at_chance = [sse(n, k, [0.01, 0.02, 0.01]) for n, k in [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4),
+                                                            (8, 1), (8, 2), (8, 4), (8, 8)]]
+    for claim in verdicts(write_rows(tmp_path, "sse_state_scaling", 32, at_chance + cells[-1:])):
+        assert claim.verdict() == "inconclusive (no signal without conv)"
+
+
+def ablation(accs, key_map="softmax", shared=True, gate="write_read"):
+    return ({"model.sse.key_map": key_map, "model.sse.shared_params": shared, "model.sse.gate": gate}, accs)
+
+
+def test_ablation_claims(tmp_path):
+    five = lambda m: [m - 0.02, m - 0.01, m, m + 0.01, m + 0.02]     # noqa: E731  (sd 0.0158)
+    cells = [ablation(five(0.6)), ablation(five(0.4), key_map="silu"), ablation(five(0.58), shared=False),
+             ablation(five(0.5), gate="read"), ablation(five(0.45), gate="none"), ablation(five(0.3), gate="write")]
+    keys, shared, gates = verdicts(write_rows(tmp_path, "sse_ablations", 32, cells))
+    assert (keys.verdict(), shared.verdict(), gates.verdict()) == ("holds", "holds", "holds")
+    cells[2] = ablation(five(0.7), shared=False)                          # separate clearly better
+    cells[3] = ablation(five(0.2), gate="read")                           # read falls to last
+    cells[1] = ablation(five(0.61), key_map="silu")                       # a tie, but sd 0.016 > 0.015
+    keys, shared, gates = verdicts(write_rows(tmp_path, "sse_ablations", 32, cells))
+    assert (keys.verdict(), shared.verdict(), gates.verdict()) == ("inconclusive", "does not hold", "inconclusive")
+
+
+def test_sla_gain_grows_with_heads(tmp_path):
+    def cells(gains, spread=0.01):
+        out = []
+        for h, g in zip((4, 8, 16), gains):
+            seeds = [0.2 - spread, 0.2, 0.2 + spread]
+            out.append(({"model.mixer": "gla", "model.gla.conv_size": 0, "model.n_heads": h}, seeds))
+            out.append(({"model.mixer": "sla", "model.gla.conv_size": 0, "model.n_heads": h}, [a + g for a in seeds]))
+        return out
+    (claim,) = verdicts(write_rows(tmp_path, "sla_heads", 16, cells([0.0, 0.1, 0.2])))
+    assert claim.verdict() == "holds"                                     # 0.2 > 0.03 and > 2 x 0.014
+    (claim,) = verdicts(write_rows(tmp_path, "sla_heads", 16, cells([0.2, 0.1, 0.0])))
+    assert claim.verdict() == "does not hold"
+    (claim,) = verdicts(write_rows(tmp_path, "sla_heads", 16, cells([0.1, 0.3, 0.1])))
+    assert claim.verdict() == "does not hold"                             # no growth, a tight tie (s 0.014)
+    (claim,) = verdicts(write_rows(tmp_path, "sla_heads", 16, cells([0.1, 0.3, 0.1], spread=0.05)))
+    assert claim.verdict() == "inconclusive"                              # no growth, too noisy for a tie
+    (claim,) = verdicts(write_rows(tmp_path, "sla_heads", 16, cells([0.0, 0.0, 0.0], spread=0.0)))
+    assert claim.verdict() == "does not hold"
+
+
+def test_zoology_attention_and_width(tmp_path):
+    sizes = [(64, 4), (128, 8), (256, 16), (512, 64)]
+    cells = []
+    for (seq, pairs), d in itertools.product(sizes, (64, 128, 256)):
+        grid = {"task.seq_len": seq, "task.num_kv_pairs": pairs, "model.d_model": d}
+        cells.append(({**grid, "model.mixer": "attention"}, [0.99]))
+        solved = d >= {64: 64, 128: 64, 256: 128, 512: 256}[seq]          # the width a fixed state needs grows
+        for mixer, topk in (("gla", None), ("gla", d // 8)):
+            cells.append(({**grid, "model.mixer": mixer, "model.gla.topk": topk, "model.gla.conv_size": 4},
+                          [0.95 if solved else 0.3]))
+        cells.append(({**grid, "model.mixer": "gated_deltanet"}, [0.95]))   # solves everything at d64
+        cells.append(({**grid, "model.mixer": "sse"}, [0.95 if solved else 0.3]))
+    attention, width = verdicts(write_rows(tmp_path, "zoology_fig2", 4, cells))
+    assert attention.verdict() == "holds"
+    assert [o for _, _, o in width.items] == ["needs width", "needs width", "needs width", "needs none"]
+    assert width.verdict() == "holds"
+    cells = [c for c in cells if not (c[0]["model.mixer"] == "attention" and c[0]["task.seq_len"] == 512)]
+    attention, _ = verdicts(write_rows(tmp_path, "zoology_fig2", 4, cells))
+    assert attention.verdicts == {"holds", "does not hold", "inconclusive"}   # 3 of 12 points still missing

@@ -223,7 +223,257 @@ def fig8_conv_off(t: Table) -> Claim:
     return claim
 
 
-FIGURES = {"sse_fig8_topk": (fig8_pairs, fig8_curves, fig8_conv_off)}
+# ---- SSE Figure 7: state scaling ------------------------------------------------------------------
+
+STEP_OUTCOMES = ("gain", "loss", "neither", "no signal")
+VERDICTS = ("holds", "does not hold", "inconclusive")
+
+
+def _sse(t: Table, n: int, k: int, seeds: int = 3, **where) -> Cell | None:
+    return t.cell(seeds, **{"model.mixer": "sse", "model.sse.n": n, "model.sse.k": k, **where})
+
+
+def _no_signal_without_conv(t: Table, cells: list[Cell | None], claim: Claim) -> bool:
+    """The figure's rule: every SSE cell at chance makes each claim inconclusive (SSE has no convolution)."""
+    if cells and all(c is not None and t.at_chance(c) for c in cells):
+        claim.verdicts = {"inconclusive (no signal without conv)"}
+        return True
+    return False
+
+
+def _compare(t: Table, big: Cell | None, small: Cell | None) -> str | None:
+    if big is None or small is None:
+        return None
+    if not t.signal(big, small):
+        return "no signal"
+    return "gain" if t.beats(big, small) else "loss" if t.beats(small, big) else "neither"
+
+
+SSE_GRID = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (8, 4), (8, 8)]
+
+
+def scaling_n(t: Table) -> Claim:
+    claim = Claim("1: at fixed k/n, recall grows with n (3 seeds)")
+    outcomes = []
+    for (n0, k0), (n1, k1) in (((2, 1), (4, 2)), ((4, 2), (8, 4)), ((4, 1), (8, 2))):
+        small, big = _sse(t, n0, k0), _sse(t, n1, k1)
+        o = _compare(t, big, small)
+        outcomes.append(o)
+        measured = f"n{n1}k{k1} {big.text()} vs n{n0}k{k0} {small.text()}" if big and small else "not yet complete"
+        claim.items.append((f"({n0},{k0}) -> ({n1},{k1})", measured, o))
+
+    def rule(o):
+        if o.count("gain") >= 2 and o.count("loss") == 0:
+            return "holds"
+        if o.count("loss") >= 1 or (o.count("gain") == 0 and sum(x != "no signal" for x in o) >= 2):
+            return "does not hold"
+        return "inconclusive"
+    claim.verdicts = possible(outcomes, STEP_OUTCOMES, rule)
+    _no_signal_without_conv(t, [_sse(t, n, k) for n, k in SSE_GRID], claim)
+    return claim
+
+
+def scaling_ratio(t: Table) -> Claim:
+    claim = Claim("2: at fixed n, gains in k/n saturate near 50% (n = 4 and 8, 3 seeds)")
+    outcomes = []
+    for n in (4, 8):
+        low, half, full = _sse(t, n, 1), _sse(t, n, n // 2), _sse(t, n, n)
+        if low is None or half is None or full is None:
+            outcomes.append(None)
+            claim.items.append((f"n = {n}", "not yet complete", None))
+            continue
+        gain = "gain" if t.beats(half, low) else "reversed" if t.beats(low, half) else "neither"
+        saturates = not t.beats(full, half)
+        outcomes.append((gain, saturates))
+        claim.items.append((f"n = {n}", f"k1 {low.text()}, k{n // 2} {half.text()}, k{n} {full.text()}",
+                            f"k/n 1/2 vs smallest: {gain}; k = n {'does not beat' if saturates else 'beats'} 1/2"))
+
+    def rule(o):
+        if all(g == "gain" and sat for g, sat in o):
+            return "holds"
+        if any(g == "reversed" for g, _ in o) or not any(sat for _, sat in o):
+            return "does not hold"
+        return "inconclusive"
+    claim.verdicts = possible(outcomes, tuple(itertools.product(("gain", "reversed", "neither"), (True, False))), rule)
+    _no_signal_without_conv(t, [_sse(t, n, k) for n, k in SSE_GRID], claim)
+    return claim
+
+
+def scaling_full(t: Table) -> Claim:
+    claim = Claim("3: k = n is like GLA without conv (3 seeds)")
+    gla = t.cell(3, **{"model.mixer": "gla", "model.gla.conv_size": 0, "model.gla.topk": None})
+    outcomes = []
+    for n in (1, 2, 4, 8):
+        c = _sse(t, n, n)
+        if c is None or gla is None:
+            outcomes.append(None)
+            claim.items.append((f"n{n}k{n}", "not yet complete", None))
+            continue
+        alike = abs(c.mean - gla.mean) < max(0.05, 2 * max(c.sd, gla.sd))
+        outcomes.append(("alike" if alike else "not alike", t.at_chance(c) and t.at_chance(gla)))
+        claim.items.append((f"n{n}k{n}", f"{c.text()} vs GLA {gla.text()}", outcomes[-1][0]))
+
+    def rule(o):
+        if all(chance for _, chance in o):
+            return "inconclusive"
+        alike = sum(a == "alike" for a, _ in o)
+        return "holds" if alike >= 3 else "does not hold" if len(o) - alike >= 2 else "inconclusive"
+    claim.verdicts = possible(outcomes, (("alike", False), ("not alike", False), ("alike", True)), rule)
+    _no_signal_without_conv(t, [_sse(t, n, k) for n, k in SSE_GRID], claim)
+    return claim
+
+
+# ---- SSE ablations --------------------------------------------------------------------------------
+
+def _ablation(t: Table, key_map="softmax", shared=True, gate="write_read") -> Cell | None:
+    return t.cell(5, **{"model.sse.key_map": key_map, "model.sse.shared_params": shared, "model.sse.gate": gate})
+
+
+def _ablation_claim(t: Table, name: str, cells: dict[str, Cell | None], rule) -> Claim:
+    claim = Claim(name)
+    claim.items = [(n, c.text() if c else "not yet complete", None) for n, c in cells.items()]
+    default = _ablation(t)
+    if default is not None and t.at_chance(default):
+        claim.verdicts = {"inconclusive (no signal without conv)"}
+    elif any(c is None for c in cells.values()):
+        claim.verdicts = set(VERDICTS)
+    else:
+        claim.verdicts = {rule(*cells.values())}
+    return claim
+
+
+def ablation_keys(t: Table) -> Claim:
+    def rule(soft, silu):
+        if t.beats(soft, silu):
+            return "holds"
+        if t.beats(silu, soft) or (abs(soft.mean - silu.mean) < 0.03 and max(soft.sd, silu.sd) < 0.015):
+            return "does not hold"
+        return "inconclusive"
+    return _ablation_claim(t, "1: softmax keys beat SiLU (5 seeds)",
+                           {"softmax": _ablation(t), "silu": _ablation(t, key_map="silu")}, rule)
+
+
+def ablation_shared(t: Table) -> Claim:
+    def rule(shared, separate):
+        s = max(shared.sd, separate.sd)
+        if shared.mean >= separate.mean - max(0.03, 2 * s) and s <= 0.05:
+            return "holds"
+        return "does not hold" if t.beats(separate, shared) else "inconclusive"
+    return _ablation_claim(t, "2: shared parameters at least as good as separate (5 seeds)",
+                           {"shared": _ablation(t), "separate": _ablation(t, shared=False)}, rule)
+
+
+def ablation_gates(t: Table) -> Claim:
+    def rule(wr, read, none, write):
+        others = {"read": read, "none": none, "write": write}
+        order = sorted(others, key=lambda g: -others[g].mean)
+        if (wr.mean > max(c.mean for c in others.values()) and t.beats(wr, none) and t.beats(wr, write)
+                and order[0] == "read"):
+            return "holds"
+        return "does not hold" if any(t.beats(c, wr) for c in others.values()) else "inconclusive"
+    return _ablation_claim(t, "3: write-read gate best, read second (5 seeds)",
+                           {g: _ablation(t, gate=g) for g in ("write_read", "read", "none", "write")}, rule)
+
+
+# ---- SLA Figure 2 ---------------------------------------------------------------------------------
+
+def sla_heads(t: Table) -> Claim:
+    claim = Claim("SLA's gain over GLA (both without conv) grows with the number of heads (3 seeds)")
+    gains, chance = {}, []
+    for h in (4, 8, 16):
+        sla = t.cell(3, **{"model.mixer": "sla", "model.n_heads": h})
+        gla = t.cell(3, **{"model.mixer": "gla", "model.gla.conv_size": 0, "model.n_heads": h})
+        if sla is None or gla is None:
+            claim.items.append((f"H = {h}", "not yet complete", None))
+            continue
+        gains[h] = (sla.mean - gla.mean, math.sqrt(sla.sd ** 2 + gla.sd ** 2))
+        chance.append(t.at_chance(sla) and t.at_chance(gla))
+        claim.items.append((f"H = {h}", f"SLA {sla.text()}, GLA {gla.text()}",
+                            f"gain {gains[h][0]:+.3f} (s {gains[h][1]:.3f})"))
+    if len(gains) < 3:
+        claim.verdicts = set(VERDICTS)
+        return claim
+    (g4, s4), (g8, s8), (g16, s16) = gains[4], gains[8], gains[16]
+    s = max(s4, s16)
+    if all(chance):
+        claim.verdicts = {"inconclusive"}
+    elif g16 - g4 >= 0.03 and g16 - g4 > 2 * s and not g8 < g4 - 2 * s8:
+        claim.verdicts = {"holds"}
+    elif g4 - g16 > 2 * s or (abs(g16 - g4) < 0.03 and s < 0.015):
+        claim.verdicts = {"does not hold"}
+    else:
+        claim.verdicts = {"inconclusive"}
+    return claim
+
+
+# ---- Zoology Figure 2 -----------------------------------------------------------------------------
+
+ZOO_SIZES = ((64, 4), (128, 8), (256, 16), (512, 64))
+ZOO_WIDTHS = (64, 128, 256)
+
+
+def _zoo(t: Table, mixer: str, d: int, size, topk: bool = False) -> Cell | None:
+    seq, pairs = size
+    where = {"model.mixer": mixer, "model.d_model": d, "task.seq_len": seq, "task.num_kv_pairs": pairs}
+    if mixer == "gla":
+        where.update({"model.gla.topk": d // 8 if topk else None, "model.gla.conv_size": 4})
+    return t.cell(1, **where)
+
+
+def zoo_attention(t: Table) -> Claim:
+    claim = Claim("1: attention solves every size at every width (one seed)")
+    accs = []
+    for size in ZOO_SIZES:
+        cells = [_zoo(t, "attention", d, size) for d in ZOO_WIDTHS]
+        accs += [c.mean if c else None for c in cells]
+        claim.items.append((f"(seq_len, pairs) {size}", ", ".join(f"d{d} {c.mean:.3f}" if c else f"d{d} -"
+                                                                  for d, c in zip(ZOO_WIDTHS, cells)), None))
+
+    def rule(high, low):        # points at >= 0.95, points below 0.9 (of 12)
+        if high >= 11 and low == 0:
+            return "holds"
+        return "does not hold" if low >= 2 else "inconclusive"
+    known = [a for a in accs if a is not None]
+    high, low, m = sum(a >= 0.95 for a in known), sum(a < 0.9 for a in known), len(accs) - len(known)
+    claim.verdicts = {rule(high + h, low + lo) for h in range(m + 1) for lo in range(m + 1 - h)}
+    return claim
+
+
+def zoo_width(t: Table) -> Claim:
+    claim = Claim("2: fixed-state models need more width as the task grows (one seed)")
+    outcomes = []
+    for label, mixer, topk in (("GLA", "gla", False), ("GLA top-k", "gla", True), ("SSE n4k1", "sse", False),
+                               ("Gated DeltaNet", "gated_deltanet", False)):
+        cells = {(size, d): _zoo(t, mixer, d, size, topk) for size in ZOO_SIZES for d in ZOO_WIDTHS}
+        if any(c is None for c in cells.values()):
+            outcomes.append(None)
+            claim.items.append((label, "not yet complete", None))
+            continue
+        w = [next((d for d in ZOO_WIDTHS if cells[(size, d)].mean >= 0.9), 512) for size in ZOO_SIZES]
+        if all(x == 512 for x in w):
+            o = "no signal"
+        elif all(b >= a for a, b in zip(w, w[1:])) and w[-1] > w[0]:
+            o = "needs width"
+        elif all(x == 64 for x in w):
+            o = "needs none"
+        else:
+            o = "neither"
+        outcomes.append(o)
+        claim.items.append((label, "w = " + ", ".join(str(x) if x <= 256 else ">256" for x in w), o))
+
+    def rule(o):
+        if o.count("needs width") >= 3:
+            return "holds"
+        return "does not hold" if o.count("needs none") >= 2 else "inconclusive"
+    claim.verdicts = possible(outcomes, ("needs width", "needs none", "neither", "no signal"), rule)
+    return claim
+
+
+FIGURES = {"sse_fig8_topk": (fig8_pairs, fig8_curves, fig8_conv_off),
+           "sse_state_scaling": (scaling_n, scaling_ratio, scaling_full),
+           "sse_ablations": (ablation_keys, ablation_shared, ablation_gates),
+           "sla_heads": (sla_heads,),
+           "zoology_fig2": (zoo_attention, zoo_width)}
 
 
 def verdicts(sweep_dir) -> list[Claim]:
