@@ -90,10 +90,20 @@ class Claim:
             return next(iter(self.verdicts))
         return "open: " + " or ".join(sorted(self.verdicts))
 
+    def missing(self, item: str, outcomes: list) -> None:
+        """An item whose cells are not all there yet: its outcome stays open."""
+        outcomes.append(None)
+        self.items.append((item, "not yet complete", None))
+
     def markdown(self) -> str:
         lines = [f"**{self.name}**: {self.verdict()}", ""]
         lines += [f"- {item}: {measured} -> {outcome or 'open'}" for item, measured, outcome in self.items]
         return "\n".join(lines)
+
+
+def judge(holds: bool, fails: bool) -> str:
+    """A criterion's verdict from its two conditions ("holds" is checked first)."""
+    return "holds" if holds else "does not hold" if fails else "inconclusive"
 
 
 def possible(outcomes: list[str | None], choices: tuple[str, ...], rule) -> set[str]:
@@ -152,11 +162,7 @@ def fig8_pairs(t: Table) -> Claim:
     def rule(o):
         better, worse = o.count("top-k better"), o.count("dense better")
         signal = sum(x != "no signal" for x in o)
-        if better >= 5 and worse == 0:
-            return "holds"
-        if worse >= 2 or (better <= 2 and signal >= 4):
-            return "does not hold"
-        return "inconclusive"
+        return judge(better >= 5 and worse == 0, worse >= 2 or (better <= 2 and signal >= 4))
     claim.verdicts = possible(outcomes, PAIR_OUTCOMES, rule)
     return claim
 
@@ -168,8 +174,7 @@ def fig8_curves(t: Table) -> Claim:
         pts = [_fig8_cell(t, mixer, setting, d, True, 4, 1) for d in (64, 128, 256)]
         ref = _fig8_cell(t, mixer, setting, 128, True, 4, 3)
         if any(p is None for p in pts) or ref is None:
-            outcomes.append(None)
-            claim.items.append((f"{mixer}, {label}", "not yet complete", None))
+            claim.missing(f"{mixer}, {label}", outcomes)
             continue
         tol = max(0.03, 2 * ref.sd)
         acc = [p.mean for p in pts]
@@ -185,11 +190,7 @@ def fig8_curves(t: Table) -> Claim:
         claim.items.append((f"{mixer}, {label}", " -> ".join(f"{a:.3f}" for a in acc) + f" (t {tol:.3f})", outcome))
 
     def rule(o):
-        if o.count("rises") >= 4 and o.count("falls") == 0:
-            return "holds"
-        if o.count("falls") >= 2:
-            return "does not hold"
-        return "inconclusive"
+        return judge(o.count("rises") >= 4 and o.count("falls") == 0, o.count("falls") >= 2)
     claim.verdicts = possible(outcomes, CURVE_OUTCOMES, rule)
     return claim
 
@@ -200,8 +201,7 @@ def fig8_conv_off(t: Table) -> Claim:
     for mixer, (label, setting) in itertools.product(FIG8_MIXERS, FIG8_SETTINGS):
         pair = {conv: [_fig8_cell(t, mixer, setting, 128, k, conv, 1) for k in (True, False)] for conv in (4, 0)}
         if any(c is None for cs in pair.values() for c in cs):
-            signs.append(None)
-            claim.items.append((f"{mixer}, {label}", "not yet complete", None))
+            claim.missing(f"{mixer}, {label}", signs)
             continue
         s = {conv: (0 if abs(d) < 0.10 else int(math.copysign(1, d)))
              for conv, d in ((conv, a.mean - b.mean) for conv, (a, b) in pair.items())}
@@ -263,11 +263,8 @@ def scaling_n(t: Table) -> Claim:
         claim.items.append((f"({n0},{k0}) -> ({n1},{k1})", measured, o))
 
     def rule(o):
-        if o.count("gain") >= 2 and o.count("loss") == 0:
-            return "holds"
-        if o.count("loss") >= 1 or (o.count("gain") == 0 and sum(x != "no signal" for x in o) >= 2):
-            return "does not hold"
-        return "inconclusive"
+        return judge(o.count("gain") >= 2 and o.count("loss") == 0,
+                     o.count("loss") >= 1 or (o.count("gain") == 0 and sum(x != "no signal" for x in o) >= 2))
     claim.verdicts = possible(outcomes, STEP_OUTCOMES, rule)
     _no_signal_without_conv(t, [_sse(t, n, k) for n, k in SSE_GRID], claim)
     return claim
@@ -279,8 +276,7 @@ def scaling_ratio(t: Table) -> Claim:
     for n in (4, 8):
         low, half, full = _sse(t, n, 1), _sse(t, n, n // 2), _sse(t, n, n)
         if low is None or half is None or full is None:
-            outcomes.append(None)
-            claim.items.append((f"n = {n}", "not yet complete", None))
+            claim.missing(f"n = {n}", outcomes)
             continue
         gain = "gain" if t.beats(half, low) else "reversed" if t.beats(low, half) else "neither"
         saturates = not t.beats(full, half)
@@ -289,11 +285,8 @@ def scaling_ratio(t: Table) -> Claim:
                             f"k/n 1/2 vs smallest: {gain}; k = n {'does not beat' if saturates else 'beats'} 1/2"))
 
     def rule(o):
-        if all(g == "gain" and sat for g, sat in o):
-            return "holds"
-        if any(g == "reversed" for g, _ in o) or not any(sat for _, sat in o):
-            return "does not hold"
-        return "inconclusive"
+        return judge(all(g == "gain" and sat for g, sat in o),
+                     any(g == "reversed" for g, _ in o) or not any(sat for _, sat in o))
     claim.verdicts = possible(outcomes, tuple(itertools.product(("gain", "reversed", "neither"), (True, False))), rule)
     _no_signal_without_conv(t, [_sse(t, n, k) for n, k in SSE_GRID], claim)
     return claim
@@ -306,8 +299,7 @@ def scaling_full(t: Table) -> Claim:
     for n in (1, 2, 4, 8):
         c = _sse(t, n, n)
         if c is None or gla is None:
-            outcomes.append(None)
-            claim.items.append((f"n{n}k{n}", "not yet complete", None))
+            claim.missing(f"n{n}k{n}", outcomes)
             continue
         alike = abs(c.mean - gla.mean) < max(0.05, 2 * max(c.sd, gla.sd))
         outcomes.append(("alike" if alike else "not alike", t.at_chance(c) and t.at_chance(gla)))
@@ -344,11 +336,8 @@ def _ablation_claim(t: Table, name: str, cells: dict[str, Cell | None], rule) ->
 
 def ablation_keys(t: Table) -> Claim:
     def rule(soft, silu):
-        if t.beats(soft, silu):
-            return "holds"
-        if t.beats(silu, soft) or (abs(soft.mean - silu.mean) < 0.03 and max(soft.sd, silu.sd) < 0.015):
-            return "does not hold"
-        return "inconclusive"
+        return judge(t.beats(soft, silu),
+                     t.beats(silu, soft) or (abs(soft.mean - silu.mean) < 0.03 and max(soft.sd, silu.sd) < 0.015))
     return _ablation_claim(t, "1: softmax keys beat SiLU (5 seeds)",
                            {"softmax": _ablation(t), "silu": _ablation(t, key_map="silu")}, rule)
 
@@ -356,9 +345,7 @@ def ablation_keys(t: Table) -> Claim:
 def ablation_shared(t: Table) -> Claim:
     def rule(shared, separate):
         s = max(shared.sd, separate.sd)
-        if shared.mean >= separate.mean - max(0.03, 2 * s) and s <= 0.05:
-            return "holds"
-        return "does not hold" if t.beats(separate, shared) else "inconclusive"
+        return judge(shared.mean >= separate.mean - max(0.03, 2 * s) and s <= 0.05, t.beats(separate, shared))
     return _ablation_claim(t, "2: shared parameters at least as good as separate (5 seeds)",
                            {"shared": _ablation(t), "separate": _ablation(t, shared=False)}, rule)
 
@@ -367,10 +354,8 @@ def ablation_gates(t: Table) -> Claim:
     def rule(wr, read, none, write):
         others = {"read": read, "none": none, "write": write}
         order = sorted(others, key=lambda g: -others[g].mean)
-        if (wr.mean > max(c.mean for c in others.values()) and t.beats(wr, none) and t.beats(wr, write)
-                and order[0] == "read"):
-            return "holds"
-        return "does not hold" if any(t.beats(c, wr) for c in others.values()) else "inconclusive"
+        return judge(wr.mean > max(c.mean for c in others.values()) and t.beats(wr, none) and t.beats(wr, write)
+                     and order[0] == "read", any(t.beats(c, wr) for c in others.values()))
     return _ablation_claim(t, "3: write-read gate best, read second (5 seeds)",
                            {g: _ablation(t, gate=g) for g in ("write_read", "read", "none", "write")}, rule)
 
@@ -430,9 +415,7 @@ def zoo_attention(t: Table) -> Claim:
                                                                   for d, c in zip(ZOO_WIDTHS, cells)), None))
 
     def rule(high, low):        # points at >= 0.95, points below 0.9 (of 12)
-        if high >= 11 and low == 0:
-            return "holds"
-        return "does not hold" if low >= 2 else "inconclusive"
+        return judge(high >= 11 and low == 0, low >= 2)
     known = [a for a in accs if a is not None]
     high, low, m = sum(a >= 0.95 for a in known), sum(a < 0.9 for a in known), len(accs) - len(known)
     claim.verdicts = {rule(high + h, low + lo) for h in range(m + 1) for lo in range(m + 1 - h)}
@@ -446,8 +429,7 @@ def zoo_width(t: Table) -> Claim:
                                ("Gated DeltaNet", "gated_deltanet", False)):
         cells = {(size, d): _zoo(t, mixer, d, size, topk) for size in ZOO_SIZES for d in ZOO_WIDTHS}
         if any(c is None for c in cells.values()):
-            outcomes.append(None)
-            claim.items.append((label, "not yet complete", None))
+            claim.missing(label, outcomes)
             continue
         w = [next((d for d in ZOO_WIDTHS if cells[(size, d)].mean >= 0.9), 512) for size in ZOO_SIZES]
         if all(x == 512 for x in w):
@@ -462,9 +444,7 @@ def zoo_width(t: Table) -> Claim:
         claim.items.append((label, "w = " + ", ".join(str(x) if x <= 256 else ">256" for x in w), o))
 
     def rule(o):
-        if o.count("needs width") >= 3:
-            return "holds"
-        return "does not hold" if o.count("needs none") >= 2 else "inconclusive"
+        return judge(o.count("needs width") >= 3, o.count("needs none") >= 2)
     claim.verdicts = possible(outcomes, ("needs width", "needs none", "neither", "no signal"), rule)
     return claim
 
