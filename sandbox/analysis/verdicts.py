@@ -82,18 +82,27 @@ class Table:
 @dataclass
 class Claim:
     name: str
-    items: list[tuple[str, str, str | None]] = field(default_factory=list)   # (item, measured, outcome)
-    verdicts: set[str] = field(default_factory=set)                          # every verdict still possible
+    items: list[tuple[str, str, str | None]] = field(default_factory=list)   # (item, measured, outcome shown)
+    outcomes: list = field(default_factory=list)     # what the rule reads per item (None: still open)
+    verdicts: set[str] = field(default_factory=set)  # every verdict still possible
 
     def verdict(self) -> str:
         if len(self.verdicts) == 1:
             return next(iter(self.verdicts))
         return "open: " + " or ".join(sorted(self.verdicts))
 
-    def missing(self, item: str, outcomes: list) -> None:
+    def add(self, item: str, measured: str, outcome, shown: str | None = None) -> None:
+        """An item's outcome (None: still open) and how the table shows it (default: the outcome)."""
+        self.outcomes.append(outcome)
+        self.items.append((item, measured, shown if shown is not None or outcome is None else str(outcome)))
+
+    def missing(self, item: str) -> None:
         """An item whose cells are not all there yet: its outcome stays open."""
-        outcomes.append(None)
-        self.items.append((item, "not yet complete", None))
+        self.add(item, "not yet complete", None)
+
+    def decide(self, choices: tuple, rule) -> None:
+        """The verdicts ``rule`` gives over every way the open outcomes could come out (one of ``choices`` each)."""
+        self.verdicts = possible(self.outcomes, choices, rule)
 
     def markdown(self) -> str:
         lines = [f"**{self.name}**: {self.verdict()}", ""]
@@ -134,7 +143,6 @@ def _fig8_cell(t: Table, mixer: str, setting: dict, d: int, topk: bool, conv: in
 
 def fig8_pairs(t: Table) -> Claim:
     claim = Claim("A: top-k improves recall (six pairs, d_model 128, 3 seeds, conv on)")
-    outcomes = []
     for mixer, (label, setting) in itertools.product(FIG8_MIXERS, FIG8_SETTINGS):
         dense, topk = (_fig8_cell(t, mixer, setting, 128, k, 4, 3) for k in (False, True))
         if dense is None or topk is None:
@@ -156,25 +164,23 @@ def fig8_pairs(t: Table) -> Claim:
                            "dense better" if any(x <= -0.10 for x in seen) else
                            "neither" if seen else "no signal")
                 measured += "; d64, d256: " + ", ".join(f"{a.mean:.3f} vs {b.mean:.3f}" for a, b in widths)
-        outcomes.append(outcome)
-        claim.items.append((f"{mixer}, {label}", measured, outcome))
+        claim.add(f"{mixer}, {label}", measured, outcome)
 
     def rule(o):
         better, worse = o.count("top-k better"), o.count("dense better")
         signal = sum(x != "no signal" for x in o)
         return judge(better >= 5 and worse == 0, worse >= 2 or (better <= 2 and signal >= 4))
-    claim.verdicts = possible(outcomes, PAIR_OUTCOMES, rule)
+    claim.decide(PAIR_OUTCOMES, rule)
     return claim
 
 
 def fig8_curves(t: Table) -> Claim:
     claim = Claim("B: with top-k, recall rises with d_model (six curves, seed 0, conv on)")
-    outcomes = []
     for mixer, (label, setting) in itertools.product(FIG8_MIXERS, FIG8_SETTINGS):
         pts = [_fig8_cell(t, mixer, setting, d, True, 4, 1) for d in (64, 128, 256)]
         ref = _fig8_cell(t, mixer, setting, 128, True, 4, 3)
         if any(p is None for p in pts) or ref is None:
-            claim.missing(f"{mixer}, {label}", outcomes)
+            claim.missing(f"{mixer}, {label}")
             continue
         tol = max(0.03, 2 * ref.sd)
         acc = [p.mean for p in pts]
@@ -186,28 +192,25 @@ def fig8_curves(t: Table) -> Claim:
             outcome = "rises"
         else:
             outcome = "neither"
-        outcomes.append(outcome)
-        claim.items.append((f"{mixer}, {label}", " -> ".join(f"{a:.3f}" for a in acc) + f" (t {tol:.3f})", outcome))
+        claim.add(f"{mixer}, {label}", " -> ".join(f"{a:.3f}" for a in acc) + f" (t {tol:.3f})", outcome)
 
     def rule(o):
         return judge(o.count("rises") >= 4 and o.count("falls") == 0, o.count("falls") >= 2)
-    claim.verdicts = possible(outcomes, CURVE_OUTCOMES, rule)
+    claim.decide(CURVE_OUTCOMES, rule)
     return claim
 
 
 def fig8_conv_off(t: Table) -> Claim:
     claim = Claim("robustness: does the sign of top-k - dense survive without the convolution (d128, seed 0)")
-    signs = []
     for mixer, (label, setting) in itertools.product(FIG8_MIXERS, FIG8_SETTINGS):
         pair = {conv: [_fig8_cell(t, mixer, setting, 128, k, conv, 1) for k in (True, False)] for conv in (4, 0)}
         if any(c is None for cs in pair.values() for c in cs):
-            claim.missing(f"{mixer}, {label}", signs)
+            claim.missing(f"{mixer}, {label}")
             continue
         s = {conv: (0 if abs(d) < 0.10 else int(math.copysign(1, d)))
              for conv, d in ((conv, a.mean - b.mean) for conv, (a, b) in pair.items())}
-        signs.append((s[4], s[0]))
-        claim.items.append((f"{mixer}, {label}", f"top-k - dense: {pair[4][0].mean - pair[4][1].mean:+.3f} with conv, "
-                            f"{pair[0][0].mean - pair[0][1].mean:+.3f} without", f"signs {s[4]:+d} / {s[0]:+d}"))
+        claim.add(f"{mixer}, {label}", f"top-k - dense: {pair[4][0].mean - pair[4][1].mean:+.3f} with conv, "
+                  f"{pair[0][0].mean - pair[0][1].mean:+.3f} without", (s[4], s[0]), f"signs {s[4]:+d} / {s[0]:+d}")
 
     def rule(o):
         both = [(a, b) for a, b in o if a and b]
@@ -219,7 +222,7 @@ def fig8_conv_off(t: Table) -> Claim:
             return "changes"
         return "inconclusive"
     # one (with conv, without) pair per case the rule tells apart: agree, flip, a sign in one only, in neither
-    claim.verdicts = possible(signs, ((1, 1), (1, -1), (0, 1), (1, 0), (0, 0)), rule)
+    claim.decide(((1, 1), (1, -1), (0, 1), (1, 0), (0, 0)), rule)
     return claim
 
 
@@ -254,40 +257,36 @@ SSE_GRID = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (8, 
 
 def scaling_n(t: Table) -> Claim:
     claim = Claim("1: at fixed k/n, recall grows with n (3 seeds)")
-    outcomes = []
     for (n0, k0), (n1, k1) in (((2, 1), (4, 2)), ((4, 2), (8, 4)), ((4, 1), (8, 2))):
         small, big = _sse(t, n0, k0), _sse(t, n1, k1)
         o = _compare(t, big, small)
-        outcomes.append(o)
         measured = f"n{n1}k{k1} {big.text()} vs n{n0}k{k0} {small.text()}" if big and small else "not yet complete"
-        claim.items.append((f"({n0},{k0}) -> ({n1},{k1})", measured, o))
+        claim.add(f"({n0},{k0}) -> ({n1},{k1})", measured, o)
 
     def rule(o):
         return judge(o.count("gain") >= 2 and o.count("loss") == 0,
                      o.count("loss") >= 1 or (o.count("gain") == 0 and sum(x != "no signal" for x in o) >= 2))
-    claim.verdicts = possible(outcomes, STEP_OUTCOMES, rule)
+    claim.decide(STEP_OUTCOMES, rule)
     _no_signal_without_conv(t, [_sse(t, n, k) for n, k in SSE_GRID], claim)
     return claim
 
 
 def scaling_ratio(t: Table) -> Claim:
     claim = Claim("2: at fixed n, gains in k/n saturate near 50% (n = 4 and 8, 3 seeds)")
-    outcomes = []
     for n in (4, 8):
         low, half, full = _sse(t, n, 1), _sse(t, n, n // 2), _sse(t, n, n)
         if low is None or half is None or full is None:
-            claim.missing(f"n = {n}", outcomes)
+            claim.missing(f"n = {n}")
             continue
         gain = "gain" if t.beats(half, low) else "reversed" if t.beats(low, half) else "neither"
         saturates = not t.beats(full, half)
-        outcomes.append((gain, saturates))
-        claim.items.append((f"n = {n}", f"k1 {low.text()}, k{n // 2} {half.text()}, k{n} {full.text()}",
-                            f"k/n 1/2 vs smallest: {gain}; k = n {'does not beat' if saturates else 'beats'} 1/2"))
+        claim.add(f"n = {n}", f"k1 {low.text()}, k{n // 2} {half.text()}, k{n} {full.text()}", (gain, saturates),
+                  f"k/n 1/2 vs smallest: {gain}; k = n {'does not beat' if saturates else 'beats'} 1/2")
 
     def rule(o):
         return judge(all(g == "gain" and sat for g, sat in o),
                      any(g == "reversed" for g, _ in o) or not any(sat for _, sat in o))
-    claim.verdicts = possible(outcomes, tuple(itertools.product(("gain", "reversed", "neither"), (True, False))), rule)
+    claim.decide(tuple(itertools.product(("gain", "reversed", "neither"), (True, False))), rule)
     _no_signal_without_conv(t, [_sse(t, n, k) for n, k in SSE_GRID], claim)
     return claim
 
@@ -295,22 +294,21 @@ def scaling_ratio(t: Table) -> Claim:
 def scaling_full(t: Table) -> Claim:
     claim = Claim("3: k = n is like GLA without conv (3 seeds)")
     gla = t.cell(3, **{"model.mixer": "gla", "model.gla.conv_size": 0, "model.gla.topk": None})
-    outcomes = []
     for n in (1, 2, 4, 8):
         c = _sse(t, n, n)
         if c is None or gla is None:
-            claim.missing(f"n{n}k{n}", outcomes)
+            claim.missing(f"n{n}k{n}")
             continue
         alike = abs(c.mean - gla.mean) < max(0.05, 2 * max(c.sd, gla.sd))
-        outcomes.append(("alike" if alike else "not alike", t.at_chance(c) and t.at_chance(gla)))
-        claim.items.append((f"n{n}k{n}", f"{c.text()} vs GLA {gla.text()}", outcomes[-1][0]))
+        word = "alike" if alike else "not alike"
+        claim.add(f"n{n}k{n}", f"{c.text()} vs GLA {gla.text()}", (word, t.at_chance(c) and t.at_chance(gla)), word)
 
     def rule(o):
         if all(chance for _, chance in o):
             return "inconclusive"
         alike = sum(a == "alike" for a, _ in o)
         return "holds" if alike >= 3 else "does not hold" if len(o) - alike >= 2 else "inconclusive"
-    claim.verdicts = possible(outcomes, (("alike", False), ("not alike", False), ("alike", True)), rule)
+    claim.decide((("alike", False), ("not alike", False), ("alike", True)), rule)
     _no_signal_without_conv(t, [_sse(t, n, k) for n, k in SSE_GRID], claim)
     return claim
 
@@ -424,12 +422,11 @@ def zoo_attention(t: Table) -> Claim:
 
 def zoo_width(t: Table) -> Claim:
     claim = Claim("2: fixed-state models need more width as the task grows (one seed)")
-    outcomes = []
     for label, mixer, topk in (("GLA", "gla", False), ("GLA top-k", "gla", True), ("SSE n4k1", "sse", False),
                                ("Gated DeltaNet", "gated_deltanet", False)):
         cells = {(size, d): _zoo(t, mixer, d, size, topk) for size in ZOO_SIZES for d in ZOO_WIDTHS}
         if any(c is None for c in cells.values()):
-            claim.missing(label, outcomes)
+            claim.missing(label)
             continue
         w = [next((d for d in ZOO_WIDTHS if cells[(size, d)].mean >= 0.9), 512) for size in ZOO_SIZES]
         if all(x == 512 for x in w):
@@ -440,12 +437,11 @@ def zoo_width(t: Table) -> Claim:
             o = "needs none"
         else:
             o = "neither"
-        outcomes.append(o)
-        claim.items.append((label, "w = " + ", ".join(str(x) if x <= 256 else ">256" for x in w), o))
+        claim.add(label, "w = " + ", ".join(str(x) if x <= 256 else ">256" for x in w), o)
 
     def rule(o):
         return judge(o.count("needs width") >= 3, o.count("needs none") >= 2)
-    claim.verdicts = possible(outcomes, ("needs width", "needs none", "neither", "no signal"), rule)
+    claim.decide(("needs width", "needs none", "neither", "no signal"), rule)
     return claim
 
 
