@@ -42,6 +42,11 @@ def test_result_json_and_tensorboard(tmp_path):
     assert saved["params"] == res["params"] > 0
     assert saved["state_size"] == 2 * 2 * 16 * 16          # 2 attention layers, KV cache 2*T*d
     assert saved["config"]["model"]["d_model"] == 16
+    # the wall time splits into start-up, evaluations and steps, none counted twice
+    evals = len(saved["history"])
+    assert evals >= 2 and saved["setup_s"] > 0 and saved["eval_s"] > 0
+    assert saved["train_time_s"] + saved["eval_s"] <= saved["wall_time_s"] + 1e-3
+    assert saved["setup_s"] <= saved["wall_time_s"]
     acc = EventAccumulator(str(tmp_path))                     # events in the run's own folder
     acc.Reload()
     assert {"train/loss", "test/accuracy"} <= set(acc.Tags()["scalars"])

@@ -23,7 +23,7 @@ from sandbox.analysis.plots import save, suptitle
 from sandbox.config import flatten
 
 RESULT_FIELDS = ("status", "error", "final_accuracy", "best_accuracy", "best_step", "steps", "wall_time_s",
-                 "train_time_s", "steps_per_sec", "params", "state_size", "device", "objective")
+                 "train_time_s", "setup_s", "eval_s", "steps_per_sec", "params", "state_size", "device", "objective")
 Y_ALIASES = {"test/accuracy": ("test/accuracy", "best_accuracy", "objective"),
              "accuracy": ("best_accuracy", "objective"),
              "test/final_accuracy": ("test/final_accuracy", "final_accuracy"),

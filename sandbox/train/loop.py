@@ -91,6 +91,9 @@ class _Run:
         self.writer = SummaryWriter(log_dir=str(out))
         self.params, self.state_size = model.num_params(), model.state_size(task.seq_len)
         self.compiled_at = None          # the step from which the training step ran compiled
+        # where a run's wall time goes besides its replayed steps: the group's start-up (building, data pool,
+        # compilation and graph capture) and its evaluations (with the checkpoint saved at each)
+        self.setup_s, self.eval_s = 0.0, 0.0
 
     def load(self, opt, device) -> None:
         if not self.ckpt.exists():
@@ -117,6 +120,7 @@ class _Run:
                 "steps": s["step"], "wall_time_s": round(time.perf_counter() - self.t_start, 3),
                 "train_time_s": round(s["train_time"], 3),
                 "steps_per_sec": round(s["step"] / s["train_time"], 2) if s["train_time"] else None,
+                "setup_s": round(self.setup_s, 3), "eval_s": round(self.eval_s, 3),
                 "replicas": replicas, "compiled_at": self.compiled_at, "params": self.params,
                 "state_size": self.state_size,
                 "device": str(self.task.device), "history": s["history"]}
@@ -220,6 +224,7 @@ def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
 
     def do_eval(r, s) -> None:
         run = runs[r]
+        t_eval = time.perf_counter()
         metrics = evaluate(run.model, run.task, tc.eval_batch_size, autocast)
         acc = metrics["test/accuracy"]
         run.state["accuracy"] = acc
@@ -231,6 +236,7 @@ def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
             run.writer.add_scalar(k, v, s)
         run.writer.flush()
         run.save(step.opts[r])
+        run.eval_s += time.perf_counter() - t_eval
         try:
             if callbacks[r] is not None:
                 callbacks[r](s, metrics)
@@ -261,6 +267,8 @@ def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
                         torch.cuda.synchronize()
                     t_ready, ready = time.perf_counter(), True
                     setup_s += t_ready - t_from
+                    for run in runs:
+                        run.setup_s = setup_s
                 for r in active:
                     runs[r].state["step"] = s
                 last = s == tc.steps
