@@ -3,6 +3,8 @@ built into synthetic results by construction."""
 import csv
 import itertools
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -146,14 +148,14 @@ def test_state_scaling_claims(tmp_path):
     cells = [sse(n, k, [level[n] - (0.1 if k == 1 and n >= 4 else 0) + e for e in (0.0, 0.01, 0.02)])
              for n, k in [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (8, 4), (8, 8)]]
     cells.append(({"model.mixer": "gla", "model.gla.topk": None, "model.gla.conv_size": 0}, [0.24, 0.25, 0.26]))
-    one, two, three = verdicts(write_rows(tmp_path, "sse_state_scaling", 32, cells))
+    one, two, three = verdicts(write_rows(tmp_path, "sse_state_scaling", 32, cells))[:3]
     assert [o for _, _, o in one.items] == ["gain", "gain", "gain"] and one.verdict() == "holds"
     assert two.verdict() == "holds"
     assert [o for _, _, o in three.items] == ["alike", "alike", "not alike", "not alike"]
     assert three.verdict() == "does not hold"
     at_chance = [sse(n, k, [0.01, 0.02, 0.01]) for n, k in [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4),
                                                             (8, 1), (8, 2), (8, 4), (8, 8)]]
-    for claim in verdicts(write_rows(tmp_path, "sse_state_scaling", 32, at_chance + cells[-1:])):
+    for claim in verdicts(write_rows(tmp_path, "sse_state_scaling", 32, at_chance + cells[-1:]))[:3]:
         assert claim.verdict() == "inconclusive (no signal without conv)"
 
 
@@ -213,3 +215,88 @@ def test_zoology_attention_and_width(tmp_path):
     cells = [c for c in cells if not (c[0]["model.mixer"] == "attention" and c[0]["task.seq_len"] == 512)]
     attention, _ = verdicts(write_rows(tmp_path, "zoology_fig2", 4, cells))
     assert attention.verdicts == {"holds", "does not hold", "inconclusive"}   # 3 of 12 points still missing
+
+
+# ---- the state pictures (issue 21, item 6) ----------------------------------------------------------
+
+def write_states(tmp_path, per_variant):
+    """per_variant: {variant: [(row similarity, sv entropy, receptive field) per seed]}, written as the
+    summary.json of `sandbox inspect` (two layers: the first at the value, the second 0.02 above it)."""
+    import json
+    write_rows(tmp_path, "sse_state_scaling", 32, [])
+    for variant, seeds in per_variant.items():
+        for seed, (sim, ent, rf) in enumerate(seeds):
+            d = tmp_path / "state_pictures" / f"{variant}-seed{seed}"
+            d.mkdir(parents=True)
+            layers = {str(l): {"row_similarity": sim + 0.02 * l, "sv_entropy": ent + 0.02 * l,
+                               "receptive_field": rf + 0.02 * l} for l in (0, 1)}
+            (d / "summary.json").write_text(json.dumps({"layers": layers}))
+    return tmp_path
+
+
+def test_state_claims_by_the_fixed_rule(tmp_path):
+    """Both sparse variants clearly less alike than GLA: holds. SSE's entropy clearly lower: does not hold.
+    Receptive fields within 5% of GLA's: neither, so inconclusive."""
+    states = {"gla": [(0.80, 0.10, 40.0), (0.82, 0.11, 41.0), (0.81, 0.12, 40.5)],
+              "gla-topk": [(0.45, 0.30, 41.0), (0.47, 0.31, 41.5), (0.46, 0.29, 40.0)],
+              "sse-n4k1": [(0.50, 0.02, 40.2), (0.52, 0.03, 41.1), (0.51, 0.02, 40.8)]}
+    claims = verdicts(write_states(tmp_path, states))
+    sim, ent, rf = claims[3:]
+    assert [o for _, _, o in sim.items] == ["as predicted", "as predicted"] and sim.verdict() == "holds"
+    assert [o for _, _, o in ent.items] == ["as predicted", "reversed"] and ent.verdict() == "does not hold"
+    assert [o for _, _, o in rf.items] == ["neither", "neither"] and rf.verdict() == "inconclusive"
+    assert "0.470 ± 0.010 vs 0.820 ± 0.010" in sim.items[0][1]        # means over the two layers
+
+
+def test_state_claims_with_a_seed_not_inspected_stay_open(tmp_path):
+    states = {"gla": [(0.80, 0.10, 40.0)] * 3, "gla-topk": [(0.45, 0.30, 60.0)] * 3,
+              "sse-n4k1": [(0.50, 0.30, 60.0)] * 2}
+    sim = verdicts(write_states(tmp_path, states))[3]
+    assert [o for _, _, o in sim.items] == ["as predicted", None]
+    assert sim.verdict() == "open: does not hold or holds or inconclusive"   # the open one may be reversed
+
+
+def test_inspect_a_sweep_draws_the_state_pictures_of_each_variants_best_run(tmp_path):
+    """A real (tiny, CPU) sweep with the state-scaling figure's name and variants; `sandbox inspect SWEEP_DIR`
+    inspects, per variant and seed, the learning rate with the best accuracy (checked against the runs'
+    own result.json), draws pictures for seed 0 only, and `sandbox verdict` then judges the state claims."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from sandbox.cli import main
+    spec = {"name": "sse_state_scaling",
+            "base": {"seed": 0,
+                     "task": {"name": "mqar", "seq_len": 24, "num_kv_pairs": 4, "vocab_size": 32, "noise": 4,
+                              "test_examples": 32},
+                     "model": {"mixer": "gla", "d_model": 32, "n_layers": 2, "n_heads": 1, "channel_mixer": "none"},
+                     "train": {"steps": 20, "batch_size": 8, "eval_every": 10, "eval_batch_size": 32,
+                               "log_every": 10, "early_stop": None}},
+            "grid": {"seed": [0, 1, 2],
+                     "model.mixer, model.sse.n, model.sse.k, model.gla.topk, model.gla.conv_size":
+                         [["gla", 4, 1, None, 0], ["gla", 4, 1, 8, 0], ["sse", 4, 1, None, 0]]},
+            "tune": {"train.lr": [1e-3, 1e-2]},
+            "objective": {"metric": "test/accuracy", "mode": "best"}}
+    path, out = tmp_path / "s.yaml", tmp_path / "sweep"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "sandbox.cli", "sweep", str(path), "--out", str(out), "--no-live",
+                        "--workers", "1"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert main(["inspect", str(out)]) == 0
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    for variant, match in (("gla", lambda r: r["model.mixer"] == "gla" and r["model.gla.topk"] in ("", "None")),
+                           ("gla-topk", lambda r: r["model.mixer"] == "gla" and r["model.gla.topk"] == "8"),
+                           ("sse-n4k1", lambda r: r["model.mixer"] == "sse")):
+        for seed in range(3):
+            runs = [out / r["run_dir"] for r in rows if match(r) and r["seed"] == str(seed)]
+            assert len(runs) == 2
+            acc = {d.resolve(): json.loads((d / "result.json").read_text())["best_accuracy"] for d in runs}
+            got = tmp_path / "sweep" / "state_pictures" / f"{variant}-seed{seed}"
+            summary = json.loads((got / "summary.json").read_text())
+            assert acc[Path(summary["run_dir"]).resolve()] == max(acc.values())      # one of this cell's runs
+            assert summary["layers"]["0"]["row_similarity"] is not None
+            assert bool(list(got.glob("*.png"))) == (seed == 0)
+    claims = verdicts(out)
+    assert len(claims) == 6 and all(not c.verdict().startswith("open") for c in claims[3:])

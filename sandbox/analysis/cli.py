@@ -3,7 +3,12 @@ from __future__ import annotations
 
 
 def cmd_inspect(args) -> int:
-    from sandbox.analysis.report import inspect_run
+    from pathlib import Path
+
+    from sandbox.analysis.report import inspect_run, inspect_sweep
+    if (Path(args.run_dir) / "sweep.yaml").is_file():        # a figure's sweep: its state pictures
+        return 0 if inspect_sweep(args.run_dir, device=args.device, batches=args.batches,
+                                  batch_size=args.batch_size) else 1
     inspect_run(args.run_dir, layer=args.layer, batches=args.batches, batch_size=args.batch_size,
                 tsne=args.tsne, out=args.out, device=args.device, tensorboard=not args.no_tensorboard)
     return 0
@@ -31,7 +36,9 @@ def cmd_compare(args) -> int:
 
 def add_cli(sub) -> None:
     p = sub.add_parser("inspect", help="pictures of what a trained run's state learned (SSE Figs. 2, 3, 5, 9)")
-    p.add_argument("run_dir", help="a run directory written by `sandbox train` (holds checkpoint.pt)")
+    p.add_argument("run_dir", help="a run directory written by `sandbox train` (holds checkpoint.pt), or a "
+                                   "figure's sweep directory: the state pictures of the runs its criteria name, "
+                                   "into SWEEP_DIR/state_pictures/")
     p.add_argument("--layer", type=int, help="only this layer (default: all)")
     p.add_argument("--batches", type=int, default=4, help="test batches to run (default 4)")
     p.add_argument("--batch-size", type=int, default=64, help="examples per batch (default 64)")

@@ -177,8 +177,9 @@ def _markdown(run, numbers: dict, figs: dict, notes: list[str], batches: int, ba
 
 def inspect_run(run_dir, layer: int | None = None, batches: int = 4, batch_size: int = 64,
                 tsne: bool = False, out=None, device: str = "cpu", tensorboard: bool = True,
-                log=print) -> dict:
-    """Capture, measure, draw, and write the report; returns the summary (also summary.json)."""
+                log=print, pictures: bool = True) -> dict:
+    """Capture, measure, draw (unless ``pictures`` is false: the numbers only), and write the report;
+    returns the summary (also summary.json)."""
     import matplotlib.pyplot as plt
 
     run = load_run(run_dir, device)
@@ -192,7 +193,7 @@ def inspect_run(run_dir, layer: int | None = None, batches: int = 4, batch_size:
                                      seed=run.cfg.seed)
     out_dir = Path(out) if out is not None else run.run_dir / "inspect"
     out_dir.mkdir(parents=True, exist_ok=True)
-    figs = _figures(panels, embed)
+    figs = _figures(panels, embed) if pictures else {}
     from sandbox.analysis import plots
     for name, fig in figs.items():
         plots.save(fig, out_dir / f"{name}.png")
@@ -224,3 +225,25 @@ def inspect_run(run_dir, layer: int | None = None, batches: int = 4, batch_size:
         log(f"note: {note}")
     log(f"wrote {out_dir / 'inspect.md'} ({len(figs)} pictures)" + ("; TensorBoard: inspect/*" if tensorboard else ""))
     return summary
+
+
+def inspect_sweep(sweep_dir, device: str = "cpu", batches: int = 4, batch_size: int = 64, log=print) -> list[Path]:
+    """A figure's state pictures from the checkpoints its sweep trained (``verdicts.PICTURE_RUNS``): each
+    variant's best learning rate per seed, inspected into SWEEP_DIR/state_pictures/<variant>-seed<s>/, with
+    the pictures drawn for seed 0 and the numbers for every seed. Returns the folders written; a run whose
+    cell has not finished, or whose checkpoint is gone, is named and skipped."""
+    from sandbox.analysis.verdicts import picture_runs
+    written, skipped = [], []
+    for variant, seed, run_dir in picture_runs(sweep_dir):
+        name = f"{variant}-seed{seed}"
+        if run_dir is None or not (run_dir / "checkpoint.pt").is_file():
+            skipped.append(f"{name} ({'no finished trial' if run_dir is None else f'no checkpoint in {run_dir}'})")
+            continue
+        out = Path(sweep_dir) / "state_pictures" / name
+        log(f"{name}: {run_dir}")
+        inspect_run(run_dir, batches=batches, batch_size=batch_size, out=out, device=device, tensorboard=False,
+                    log=log, pictures=seed == 0)
+        written.append(out)
+    if skipped:
+        log(f"skipped {len(skipped)}: " + "; ".join(skipped))
+    return written

@@ -15,6 +15,7 @@ both at the ceiling.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,13 @@ class Table:
         if not all(s in best for s in range(seeds)):
             return None
         return Cell([best[s] for s in range(seeds)])
+
+    def best_run(self, seed: int, **where) -> dict | None:
+        """The finished row of ``seed`` matching ``where`` with the highest best accuracy (over the tuned keys)."""
+        where = {k.replace("__", "."): v for k, v in where.items()}
+        rows = [r for r in self.rows if all(r.get(k) == v for k, v in where.items())
+                and int(r.get("seed") or 0) == seed and r.get("best_accuracy") is not None]
+        return max(rows, key=lambda r: float(r["best_accuracy"]), default=None)
 
     def at_chance(self, c: Cell) -> bool:
         return c.mean < self.chance
@@ -445,8 +453,86 @@ def zoo_width(t: Table) -> Claim:
     return claim
 
 
+# ---- SSE Figures 3, 5 and 9: what the states learned (issue 21, item 6) -----------------------------
+# From checkpoints a figure's sweep already trains: per variant and seed, the run of the best learning rate,
+# inspected by ``sandbox inspect SWEEP_DIR`` into SWEEP_DIR/state_pictures/<variant>-seed<s>/.
+
+PICTURE_RUNS = {"sse_state_scaling": (
+    ("gla", {"model.mixer": "gla", "model.gla.conv_size": 0, "model.gla.topk": None}),
+    ("gla-topk", {"model.mixer": "gla", "model.gla.conv_size": 0, "model.gla.topk": 8}),
+    ("sse-n4k1", {"model.mixer": "sse", "model.sse.n": 4, "model.sse.k": 1}))}
+PICTURE_SEEDS = 3
+# (summary key, the direction the SSE paper predicts for sparse states against dense GLA, label)
+STATE_METRICS = (("row_similarity", -1, "lower row similarity (Fig. 3)"),
+                 ("sv_entropy", +1, "higher singular-value entropy (Fig. 5)"),
+                 ("receptive_field", +1, "larger receptive field (Fig. 9)"))
+STATE_MIN_EFFECT = 0.05        # a difference must also reach 5% of dense GLA's mean
+
+
+def picture_runs(sweep_dir) -> list[tuple[str, int, Path | None]]:
+    """(variant, seed, run directory or None while that cell has no finished trial) of a figure's state pictures."""
+    t = Table(Path(sweep_dir))
+    if t.name not in PICTURE_RUNS:
+        raise ValueError(f"sweep_dir: {sweep_dir} holds sweep {t.name!r}, which has no state pictures "
+                         f"(known: {', '.join(sorted(PICTURE_RUNS))})")
+    out = []
+    for variant, where in PICTURE_RUNS[t.name]:
+        for seed in range(PICTURE_SEEDS):
+            row = t.best_run(seed, **where)
+            out.append((variant, seed, t.dir / row["run_dir"] if row and row.get("run_dir") else None))
+    return out
+
+
+def _state_cell(t: Table, variant: str, key: str) -> Cell | None:
+    """A variant's metric over its seeds: per run, the mean over the layers that have it."""
+    values = []
+    for seed in range(PICTURE_SEEDS):
+        path = t.dir / "state_pictures" / f"{variant}-seed{seed}" / "summary.json"
+        if not path.is_file():
+            return None
+        layers = json.loads(path.read_text())["layers"].values()
+        got = [float(n[key]) for n in layers if n.get(key) is not None and math.isfinite(float(n[key]))]
+        if not got:
+            return None
+        values.append(sum(got) / len(got))
+    return Cell(values)
+
+
+def _state_claim(t: Table, key: str, sign: int, label: str) -> Claim:
+    claim = Claim(f"states: sparse states have {label} than dense GLA ({PICTURE_SEEDS} seeds)")
+    variants = [v for v, _ in PICTURE_RUNS[t.name]]
+    dense = _state_cell(t, variants[0], key)
+    for sparse_name in variants[1:]:
+        sparse = _state_cell(t, sparse_name, key)
+        if dense is None or sparse is None:
+            claim.missing(f"{sparse_name} vs {variants[0]}")
+            continue
+        d = sign * (sparse.mean - dense.mean)
+        big = max(2 * max(sparse.sd, dense.sd), STATE_MIN_EFFECT * abs(dense.mean))
+        outcome = "as predicted" if d > big else "reversed" if -d > big else "neither"
+        claim.add(f"{sparse_name} vs {variants[0]}", f"{sparse.text()} vs {dense.text()}", outcome)
+
+    def rule(o):
+        return judge(all(x == "as predicted" for x in o), any(x == "reversed" for x in o))
+    claim.decide(("as predicted", "reversed", "neither"), rule)
+    return claim
+
+
+def state_similarity(t: Table) -> Claim:
+    return _state_claim(t, *STATE_METRICS[0])
+
+
+def state_entropy(t: Table) -> Claim:
+    return _state_claim(t, *STATE_METRICS[1])
+
+
+def state_receptive_field(t: Table) -> Claim:
+    return _state_claim(t, *STATE_METRICS[2])
+
+
 FIGURES = {"sse_fig8_topk": (fig8_pairs, fig8_curves, fig8_conv_off),
-           "sse_state_scaling": (scaling_n, scaling_ratio, scaling_full),
+           "sse_state_scaling": (scaling_n, scaling_ratio, scaling_full,
+                                 state_similarity, state_entropy, state_receptive_field),
            "sse_ablations": (ablation_keys, ablation_shared, ablation_gates),
            "sla_heads": (sla_heads,),
            "zoology_fig2": (zoo_attention, zoo_width)}
