@@ -37,3 +37,21 @@ def test_compiling_pays_only_for_a_long_enough_rest_of_the_run():
     assert worth_compiling(3000, 17.6e-3) and not worth_compiling(3000, 5.9e-3)
     edge = COMPILE_COST_S / (1 - 1 / COMPILE_SPEEDUP)
     assert not worth_compiling(1000, edge / 1000 * 0.99) and worth_compiling(1000, edge / 1000 * 1.01)
+
+
+def test_a_second_stack_of_the_same_shapes_reuses_the_compilation_from_the_cache():
+    """A sweep worker compiles one stack after another (``compile_now`` drops Dynamo's own cache each time): a
+    stack with the shapes of an earlier one must find its forward and backward in AOTAutograd's cache, not
+    compile them again. Mixed precision and the attention-kernel choice traced inside the compiled function
+    used to make AOTAutograd bypass its cache."""
+    from torch._dynamo.utils import counters
+
+    data = copy.deepcopy(BASE)
+    data["train"].update(precision="bf16")
+    for _ in range(2):
+        counters.clear()
+        g = Group([load_config(data=data, overrides=[f"train.lr={lr}"]) for lr in (1e-3, 3e-3)])
+        g.step.compile_now()
+        g.step(*g.batch(0))
+    assert counters["aot_autograd"]["autograd_cache_hit"] == 1, dict(counters["aot_autograd"])
+    assert counters["aot_autograd"]["autograd_cache_bypass"] == 0

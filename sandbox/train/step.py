@@ -25,6 +25,7 @@ arithmetic.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable
 
@@ -137,10 +138,8 @@ class Step:
     # -- the step --------------------------------------------------------------------------------
     def _loss(self, model_call, x, y):
         pos, y = scored_positions(y, self.per_row)
-        with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.bfloat16,
-                            enabled=self.autocast_dtype is not None, cache_enabled=self.capture_after is None):
-            logits, aux = model_call(x, pos)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
+        logits, aux = model_call(x, pos)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
         return (loss + aux if aux is not None else loss), loss
 
     def _losses(self, x, y):
@@ -160,17 +159,30 @@ class Step:
             return self._loss(call, x, y)
 
         dim = 0 if x.dim() == 3 else None
-        # vmap has no batching rule for the fused attention kernels: it runs them once per replica,
-        # which cuDNN's kernel does not support (optional outputs); flash and memory-efficient do
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-            total, loss = torch.func.vmap(one, in_dims=(0, 0, dim, dim))(params, buffers, x, y)
+        total, loss = torch.func.vmap(one, in_dims=(0, 0, dim, dim))(params, buffers, x, y)
         return total.sum(), loss
+
+    # The forward's settings (mixed precision; for stacked replicas, the attention kernels) are entered around
+    # the compiled function, not inside it: traced there, either keeps the compilation out of AOTAutograd's
+    # cache, and then every stack of a sweep compiles from scratch even where one of the same shapes has
+    # compiled before (measured on the CPU: 17 s on a warm cache with them inside).
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.bfloat16,
+                              enabled=self.autocast_dtype is not None, cache_enabled=self.capture_after is None)
+
+    def _attention_backends(self):
+        """vmap has no batching rule for the fused attention kernels: it runs them once per replica, which
+        cuDNN's kernel does not support (optional outputs); flash and memory-efficient do."""
+        if self.R == 1:
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
     def _step(self, x, y) -> None:
         for p in self.params:
             p.grad = None
-        total, loss = self.forward(x, y)
+        with self._attention_backends(), self._autocast():
+            total, loss = self.forward(x, y)
         total.backward()
         self.loss_sum += loss.detach()
         self.lr.copy_(self.lr_table.index_select(1, self.counter)[:, 0])
