@@ -55,3 +55,25 @@ def test_a_second_stack_of_the_same_shapes_reuses_the_compilation_from_the_cache
         g.step(*g.batch(0))
     assert counters["aot_autograd"]["autograd_cache_hit"] == 1, dict(counters["aot_autograd"])
     assert counters["aot_autograd"]["autograd_cache_bypass"] == 0
+
+
+def test_a_helper_process_compiles_the_step_so_the_stack_only_traces_it(tmp_path, monkeypatch):
+    """``precompile.start`` compiles a stack's step in another process (the stack trains on meanwhile): with a
+    fresh compile cache, the stack's own compilation afterwards finds its forward and backward there."""
+    from torch._dynamo.utils import counters
+
+    from sandbox.train import precompile
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    data = copy.deepcopy(BASE)
+    data["model"]["d_model"] = 24                 # shapes no other test compiles
+    cfgs = [load_config(data=data, overrides=[f"train.lr={lr}"]) for lr in (1e-3, 3e-3)]
+    helper = precompile.start(cfgs)
+    assert helper.wait(timeout=600) == 0
+    assert any((tmp_path / "cache").rglob("*")), "the helper wrote nothing to the cache"
+    counters.clear()
+    g = Group(cfgs)
+    g.step.compile_now()
+    g.step(*g.batch(0))
+    assert counters["aot_autograd"]["autograd_cache_hit"] == 1, dict(counters["aot_autograd"])
+    assert counters["inductor"]["fxgraph_cache_miss"] == 0, dict(counters["inductor"])

@@ -17,7 +17,8 @@ from optuna.trial import TrialState
 from sandbox.sweep.storage import DEFAULT_TIMEOUT_S
 
 RESULT_KEYS = ("final_accuracy", "best_accuracy", "best_step", "steps", "wall_time_s", "train_time_s", "setup_s",
-               "eval_s", "steps_per_sec", "replicas", "params", "state_size", "device")
+               "eval_s", "steps_per_sec", "replicas", "compiled_at", "precompiled", "params", "state_size",
+               "device")
 
 
 def make_console():

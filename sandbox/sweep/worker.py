@@ -377,7 +377,8 @@ def _attach_result(storage, tid: int, run_dir: Path, res: dict | None = None) ->
             res = None
     if res is not None:
         keep = ("status", "final_accuracy", "best_accuracy", "best_step", "steps", "wall_time_s",
-                "train_time_s", "setup_s", "eval_s", "steps_per_sec", "replicas", "params", "state_size", "device")
+                "train_time_s", "setup_s", "eval_s", "steps_per_sec", "replicas", "compiled_at", "precompiled",
+                "params", "state_size", "device")
         storage.set_trial_user_attr(tid, "result", {k: res.get(k) for k in keep})
 
 

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from sandbox.config import RunConfig, flatten, to_dict
+from sandbox.train import precompile
 from sandbox.train.group import Group, stack_key, worth_compiling, worth_regrouping
 from sandbox.train.step import scored_positions
 
@@ -94,6 +95,7 @@ class _Run:
         # where a run's wall time goes besides its replayed steps: the group's start-up (building, data pool,
         # compilation and graph capture) and its evaluations (with the checkpoint saved at each)
         self.setup_s, self.eval_s = 0.0, 0.0
+        self.precompiled = None          # whether a helper had compiled the step before the stack compiled it
 
     def load(self, opt, device) -> None:
         if not self.ckpt.exists():
@@ -121,7 +123,8 @@ class _Run:
                 "train_time_s": round(s["train_time"], 3),
                 "steps_per_sec": round(s["step"] / s["train_time"], 2) if s["train_time"] else None,
                 "setup_s": round(self.setup_s, 3), "eval_s": round(self.eval_s, 3),
-                "replicas": replicas, "compiled_at": self.compiled_at, "params": self.params,
+                "replicas": replicas, "compiled_at": self.compiled_at, "precompiled": self.precompiled,
+                "params": self.params,
                 "state_size": self.state_size,
                 "device": str(self.task.device), "history": s["history"]}
 
@@ -204,6 +207,9 @@ def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
         o.mkdir(parents=True, exist_ok=True)
     group = Group(cfgs)
     device, step, batch, autocast = group.device, group.step, group.batch, group.autocast
+    # a stack that may compile later has its step compiled by a helper meanwhile (precompile.py)
+    helper = precompile.start(cfgs) if group.compile_later and device.type == "cuda" else None
+    want_compile = False
     runs = [_Run(c, o, t, m, t_start) for c, o, t, m in zip(cfgs, outs, group.tasks, group.models)]
     for run, opt in zip(runs, step.opts):
         run.load(opt, device)
@@ -295,11 +301,16 @@ def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
                     steady = ready and t_log >= t_ready          # sps then counts replayed steps only
                     if steady and group.compile_later:
                         group.compile_later = False
-                        if worth_compiling(tc.steps - s, 1 / max(sps, 1e-9)):
-                            step.compile_now()
-                            for run in runs:
-                                run.compiled_at = s
-                            t_from, ready, steady = time.perf_counter(), False, False
+                        want_compile = worth_compiling(tc.steps - s, 1 / max(sps, 1e-9))
+                    # compile once the helper is done (its caches then hold all but the tracing); until then
+                    # the stack goes on uncompiled
+                    if want_compile and (helper is None or helper.poll() is not None):
+                        want_compile = False
+                        step.compile_now()
+                        for run in runs:
+                            run.compiled_at = s
+                            run.precompiled = helper is not None and helper.returncode == 0
+                        t_from, ready, steady = time.perf_counter(), False, False
                     if steady and worth_regrouping(len(active), R, tc.steps - s, 1 / max(sps, 1e-9), setup_s):
                         for r in active:         # hand the running replicas back, to go on as a smaller group
                             runs[r].save(step.opts[r])
@@ -318,6 +329,10 @@ def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
         for r in list(active):
             results[r] = runs[r].finish("failed", f"{type(e).__name__}: {e}", R)
         raise
+    finally:
+        if helper is not None and helper.poll() is None:
+            helper.kill()
+            helper.wait()
     return results
 
 
