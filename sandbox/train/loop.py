@@ -207,9 +207,9 @@ def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
         o.mkdir(parents=True, exist_ok=True)
     group = Group(cfgs)
     device, step, batch, autocast = group.device, group.step, group.batch, group.autocast
-    # a stack that may compile later has its step compiled by a helper meanwhile (precompile.py)
-    helper = precompile.start(cfgs) if group.compile_later and device.type == "cuda" else None
-    want_compile = False
+    # a stack that may compile later has its step compiled by a helper meanwhile (precompile.py), started
+    # once the stack's own memory is known
+    helper, want_compile = None, False
     runs = [_Run(c, o, t, m, t_start) for c, o, t, m in zip(cfgs, outs, group.tasks, group.models)]
     for run, opt in zip(runs, step.opts):
         run.load(opt, device)
@@ -275,6 +275,8 @@ def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
                     setup_s += t_ready - t_from
                     for run in runs:
                         run.setup_s = setup_s
+                    if helper is None and group.compile_later and precompile.room(device):
+                        helper = precompile.start(cfgs)
                 for r in active:
                     runs[r].state["step"] = s
                 last = s == tc.steps
