@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from sandbox.sweep import packing
+from sandbox.sweep.report import RESULT_KEYS
 from sandbox.sweep.storage import DEFAULT_TIMEOUT_S, EXIT_STORAGE, StorageUnavailable, TrialReporter
 from sandbox.sweep.study import (FINAL_FAIL, HOST, heartbeat_interval, holds, load_study, make_pruner, objective_value,
                                  open_storage, requeue, trials_in, uses_heartbeat)
@@ -376,10 +377,7 @@ def _attach_result(storage, tid: int, run_dir: Path, res: dict | None = None) ->
         except ValueError:
             res = None
     if res is not None:
-        keep = ("status", "final_accuracy", "best_accuracy", "best_step", "steps", "wall_time_s",
-                "train_time_s", "setup_s", "eval_s", "steps_per_sec", "replicas", "compiled_at", "precompiled",
-                "params", "state_size", "device")
-        storage.set_trial_user_attr(tid, "result", {k: res.get(k) for k in keep})
+        storage.set_trial_user_attr(tid, "result", {k: res.get(k) for k in ("status", *RESULT_KEYS)})
 
 
 def worker_main(argv=None) -> int:

@@ -9,7 +9,6 @@ replicas mostly stopped.
 from __future__ import annotations
 
 import json
-from contextlib import nullcontext
 
 import torch
 
@@ -122,11 +121,5 @@ class Group:
             return got[self.seeds[0]]
         xs, ys = zip(*(got[seed] for seed in self.seeds))
         return torch.stack(xs), torch.stack(ys)
-
-    def autocast(self):
-        """For evaluation, which stays eager (it must not cache casts a graph replays)."""
-        if not self.bf16:
-            return nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=not self.graph)
 
 

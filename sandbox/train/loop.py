@@ -206,7 +206,7 @@ def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
     for o in outs:
         o.mkdir(parents=True, exist_ok=True)
     group = Group(cfgs)
-    device, step, batch, autocast = group.device, group.step, group.batch, group.autocast
+    device, step, batch, autocast = group.device, group.step, group.batch, group.step.autocast
     # a stack that may compile later has its step compiled by a helper meanwhile (precompile.py), started
     # once the stack's own memory is known
     helper, want_compile = None, False

@@ -166,7 +166,9 @@ class Step:
     # the compiled function, not inside it: traced there, either keeps the compilation out of AOTAutograd's
     # cache, and then every stack of a sweep compiles from scratch even where one of the same shapes has
     # compiled before (measured on the CPU: 17 s on a warm cache with them inside).
-    def _autocast(self):
+    def autocast(self):
+        """Mixed precision for the step, and for evaluations (which stay eager: with a graph, casts are not
+        cached, since a replay would reuse them)."""
         return torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.bfloat16,
                               enabled=self.autocast_dtype is not None, cache_enabled=self.capture_after is None)
 
@@ -181,7 +183,7 @@ class Step:
     def _step(self, x, y) -> None:
         for p in self.params:
             p.grad = None
-        with self._attention_backends(), self._autocast():
+        with self._attention_backends(), self.autocast():
             total, loss = self.forward(x, y)
         total.backward()
         self.loss_sum += loss.detach()
