@@ -14,6 +14,7 @@ both at the ceiling.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -55,25 +56,25 @@ class Table:
         self.name = spec["name"]
         self.chance = 2 / spec["base"]["task"]["num_kv_pairs"]
 
-    def cell(self, seeds: int, **where) -> Cell | None:
-        """The cell of the rows matching ``where`` (dotted keys with ``__`` for ``.``), None unless all of
-        its first ``seeds`` seeds (0 .. seeds-1) have a finished trial."""
+    def best_rows(self, **where) -> dict[int, dict]:
+        """Per seed, the finished row matching ``where`` (dotted keys with ``__`` for ``.``) with the highest
+        best accuracy, i.e. the best over the other keys (the tuned learning rates)."""
         where = {k.replace("__", "."): v for k, v in where.items()}
-        best: dict[int, float] = {}
+        best: dict[int, dict] = {}
         for r in self.rows:
             if all(r.get(k) == v for k, v in where.items()) and r.get("best_accuracy") is not None:
                 s = int(r.get("seed") or 0)
-                best[s] = max(best.get(s, -1.0), float(r["best_accuracy"]))
+                if s not in best or float(r["best_accuracy"]) > float(best[s]["best_accuracy"]):
+                    best[s] = r
+        return best
+
+    def cell(self, seeds: int, **where) -> Cell | None:
+        """The cell of the rows matching ``where``, None unless all of its first ``seeds`` seeds (0 .. seeds-1)
+        have a finished trial."""
+        best = self.best_rows(**where)
         if not all(s in best for s in range(seeds)):
             return None
-        return Cell([best[s] for s in range(seeds)])
-
-    def best_run(self, seed: int, **where) -> dict | None:
-        """The finished row of ``seed`` matching ``where`` with the highest best accuracy (over the tuned keys)."""
-        where = {k.replace("__", "."): v for k, v in where.items()}
-        rows = [r for r in self.rows if all(r.get(k) == v for k, v in where.items())
-                and int(r.get("seed") or 0) == seed and r.get("best_accuracy") is not None]
-        return max(rows, key=lambda r: float(r["best_accuracy"]), default=None)
+        return Cell([float(best[s]["best_accuracy"]) for s in range(seeds)])
 
     def at_chance(self, c: Cell) -> bool:
         return c.mean < self.chance
@@ -477,8 +478,9 @@ def picture_runs(sweep_dir) -> list[tuple[str, int, Path | None]]:
                          f"(known: {', '.join(sorted(PICTURE_RUNS))})")
     out = []
     for variant, where in PICTURE_RUNS[t.name]:
+        best = t.best_rows(**where)
         for seed in range(PICTURE_SEEDS):
-            row = t.best_run(seed, **where)
+            row = best.get(seed)
             out.append((variant, seed, t.dir / row["run_dir"] if row and row.get("run_dir") else None))
     return out
 
@@ -498,7 +500,8 @@ def _state_cell(t: Table, variant: str, key: str) -> Cell | None:
     return Cell(values)
 
 
-def _state_claim(t: Table, key: str, sign: int, label: str) -> Claim:
+def _state_claim(t: Table, metric: tuple[str, int, str]) -> Claim:
+    key, sign, label = metric
     claim = Claim(f"states: sparse states have {label} than dense GLA ({PICTURE_SEEDS} seeds)")
     variants = [v for v, _ in PICTURE_RUNS[t.name]]
     dense = _state_cell(t, variants[0], key)
@@ -518,21 +521,10 @@ def _state_claim(t: Table, key: str, sign: int, label: str) -> Claim:
     return claim
 
 
-def state_similarity(t: Table) -> Claim:
-    return _state_claim(t, *STATE_METRICS[0])
-
-
-def state_entropy(t: Table) -> Claim:
-    return _state_claim(t, *STATE_METRICS[1])
-
-
-def state_receptive_field(t: Table) -> Claim:
-    return _state_claim(t, *STATE_METRICS[2])
-
 
 FIGURES = {"sse_fig8_topk": (fig8_pairs, fig8_curves, fig8_conv_off),
            "sse_state_scaling": (scaling_n, scaling_ratio, scaling_full,
-                                 state_similarity, state_entropy, state_receptive_field),
+                                 *(functools.partial(_state_claim, metric=m) for m in STATE_METRICS)),
            "sse_ablations": (ablation_keys, ablation_shared, ablation_gates),
            "sla_heads": (sla_heads,),
            "zoology_fig2": (zoo_attention, zoo_width)}
