@@ -100,7 +100,7 @@ inspect)
         sandbox inspect "$run" --device cuda --no-tensorboard --out "/tmp/inspect/$(basename "$run")" 2>&1 \
             | tail -n 3 | tee -a "$OUT/inspect.txt"
     done
-    [ -n "$(ls /tmp/inspect)" ] && tar -czf "$OUT/inspect.tar.gz" -C /tmp inspect
+    if [ -n "$(ls /tmp/inspect)" ]; then tar -czf "$OUT/inspect.tar.gz" -C /tmp inspect; fi
     ;;
 collect)
     tar -czf "$OUT/collect.tar.gz" "$@"
