@@ -254,6 +254,8 @@ def test_an_interrupted_stack_resumes_first_and_as_a_stack(tmp_path):
     p.send_signal(signal.SIGINT)
     assert p.wait(timeout=90) == 130, p.stdout.read()
     dirs = {t.user_attrs["run_dir"] for t in first}
+    missing = [d for d in dirs if not (out / d / "result.json").exists()]
+    assert not missing, f"no result.json in {missing}; worker log:\n" + (out / "logs" / "worker-0.log").read_text()
     stopped_at = {json.loads((out / d / "result.json").read_text())["steps"] for d in dirs}
     assert len(stopped_at) == 1 and 0 < min(stopped_at) < 400
 

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from sandbox.config import RunConfig, flatten, to_dict
 import sandbox.train.precompile as precompile
 from sandbox.train.group import Group, stack_key, worth_compiling, worth_regrouping
+from sandbox.train.signals import HeldSignals
 from sandbox.train.step import scored_positions
 
 DONE = ("completed", "early_stopped")          # a rerun of such a directory returns its result
@@ -262,9 +263,10 @@ def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
     # the seconds the group spent starting (building, pool, compilation, capture), and when it last got ready
     setup_s, t_from, t_ready, ready = 0.0, t_group, 0.0, False
     try:
-        with _progress(progress, title) as bar:
+        with _progress(progress, title) as bar, HeldSignals() as held:
             bar_task = bar.add_task("train", total=tc.steps, completed=s, info="")
             while s < tc.steps and active:
+                held.deliver()          # Ctrl-C / SIGTERM act here, between steps (signals.py says why)
                 step(*batch(s))
                 n_acc += 1
                 s += 1
