@@ -15,6 +15,7 @@ pytest.importorskip("triton")
 from sandbox.kernels.triton_chunk import chunk_gla  # noqa: E402
 import sandbox.kernels.triton_delta as td  # noqa: E402
 from sandbox.kernels.triton_delta import chunk_delta_rule  # noqa: E402
+from sandbox.kernels.triton_slot_scores import slot_scores_triton  # noqa: E402
 
 
 def _qkv(R, B, T, H, K, V, seed=0):
@@ -50,6 +51,37 @@ def test_delta_scan_op_passes_opcheck():
             torch.arange(N + 1, dtype=torch.int32) * nt, N, True)
     torch.library.opcheck(torch.ops.sandbox.delta_scan_fwd.default, args,
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+def _slot_inputs(R, B, T, H, dk, m, seed=0):
+    g_ = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(R, B, T, H, dk, generator=g_), torch.randn(R, B, T, H, dk, generator=g_) / dk ** 0.5
+    g = -torch.rand(R, B, T, H, m, generator=g_)
+    return q, k, -torch.expm1(g) * torch.rand(R, B, T, H, m, generator=g_), g, g_
+
+
+def test_slot_scores_op_passes_opcheck():
+    q, k, s, g, _ = _slot_inputs(1, 2, 21, 1, 16, 16)
+    args = tuple(x[0].requires_grad_() for x in (q, k, s, g)) + (0.5, True)
+    torch.library.opcheck(torch.ops.sandbox.slot_scores_fwd.default, args,
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+def test_vmap_of_the_slot_scores_equals_one_call_each():
+    """Stacked GSA replicas (a grid point's learning rates) fold into the kernel's batch."""
+    R, B, T, H, dk, m = 2, 2, 21, 2, 16, 24
+    q, k, s, g, g_ = _slot_inputs(R, B, T, H, dk, m)
+    do = torch.randn(R, B, T, H, m, generator=g_)
+    leaves = [x.clone().requires_grad_() for x in (q, k, s, g)]
+    o = torch.func.vmap(lambda *x: slot_scores_triton(*x, scale=0.5)[0])(*leaves)
+    (o * do).sum().backward()
+    for r in range(R):
+        one = [x[r].clone().requires_grad_() for x in (q, k, s, g)]
+        o_r = slot_scores_triton(*one, scale=0.5)[0]
+        (o_r * do[r]).sum().backward()
+        torch.testing.assert_close(o[r], o_r, atol=1e-5, rtol=1e-5)
+        for a, b in zip(leaves, one):
+            torch.testing.assert_close(a.grad[r], b.grad, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("gate", ["diag", "scalar", "none"])

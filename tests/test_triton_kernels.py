@@ -20,6 +20,7 @@ from sandbox.kernels.reference import recurrent_reference  # noqa: E402
 from sandbox.kernels.triton_chunk import chunk_gla  # noqa: E402
 from sandbox.kernels.triton_decode import decode_step  # noqa: E402
 from sandbox.kernels.triton_delta import chunk_delta_rule  # noqa: E402
+from sandbox.kernels.triton_slot_scores import slot_scores_triton  # noqa: E402
 
 TOL = 1e-4  # fp32 kernel (interpreter: numpy fp32 dots) against a float64 loop
 
@@ -71,6 +72,72 @@ def gla(q, k, v, g=None, beta=None, **kw):
 
 def delta(q, k, v, g=None, beta=None, **kw):
     return chunk_delta_rule(q, k, v, beta, g, **kw)
+
+
+def slot_loop(q, k, s, g, scale):
+    """GSA's first pass one token at a time: K~_t = diag(exp(g_t)) K~_{t-1} + s_t^T k_t, o_t = scale K~_t q_t."""
+    B, T, H, dk = q.shape
+    S = q.new_zeros(B, H, s.shape[-1], dk)
+    outs = []
+    for t in range(T):
+        S = g[:, t].exp()[..., None] * S + s[:, t, :, :, None] * k[:, t, :, None, :]
+        outs.append(scale * torch.einsum("bhmd,bhd->bhm", S, q[:, t]))
+    return torch.stack(outs, 1), S
+
+
+@pytest.mark.parametrize("T, dk, m, dtype", [(47, 20, 24, torch.float32), (19, 16, 80, torch.float32),
+                                             (47, 20, 24, torch.float16)])
+def test_slot_scores_kernel_matches_loop(T, dk, m, dtype):
+    """GSA's pass 1 in Triton: scores, final state and the gradients of q, k, s and the log-gates against the
+    per-token loop in float64; a partial chunk of 15 steps (decaying by up to e^-118: no exponential
+    over it may start from outside it), head dims that are not powers of two, (m = 80) two slot tiles, and
+    16-bit q, k, s. Gates from none (alpha = 1, s = 0: an unchosen top-k slot) down to e^-7.9 per step."""
+    gen = torch.Generator().manual_seed(3)
+    B, H = 2, 2
+    q = torch.randn(B, T, H, dk, generator=gen)
+    k = torch.randn(B, T, H, dk, generator=gen) / dk ** 0.5
+    chosen = torch.rand(B, T, H, m, generator=gen) < 0.6
+    g = torch.where(chosen, -7.9 * torch.rand(B, T, H, m, generator=gen) ** 2, 0.0)
+    s = -torch.expm1(g) * torch.rand(B, T, H, m, generator=gen)
+    w = torch.randn(B, T, H, m, generator=gen, dtype=torch.float64)
+    q, k, s = q.to(dtype), k.to(dtype), s.to(dtype)       # the gate stays fp32, as GSA computes it
+    mine = [x.clone().requires_grad_() for x in (q, k, s, g)]
+    ref = [x.double().requires_grad_() for x in (q, k, s, g)]
+    o, S = slot_scores_triton(*mine, scale=0.3, output_final_state=True)
+    ro, rS = slot_loop(*ref, 0.3)
+    (o.float() * w.float()).sum().backward()
+    (ro * w).sum().backward()
+    assert o.dtype == mine[0].grad.dtype == dtype
+    errs = {"o": rel(o, ro), "final_state": rel(S, rS)}
+    errs.update({"d" + n: rel(a.grad, b.grad) for n, a, b in zip("qksg", mine, ref)})
+    tol = TOL if dtype == torch.float32 else 3e-3
+    bad = {n: e for n, e in errs.items() if not e <= tol}
+    assert not bad, f"errors above {tol}: {bad} (all: {errs})"
+
+
+@pytest.mark.parametrize("topk", [None, 4])
+def test_gsa_mixer_on_the_kernels_matches_its_naive_form(topk):
+    """The GSA mixer with impl triton (both passes on the kernels, fp32) against impl naive (float64):
+    output, the input's gradient and every parameter's."""
+    from sandbox.mixers import MixerContext, build_mixer, mixer_config_class
+    ctx = MixerContext(d_model=32, n_heads=2, layer_idx=0, max_seq_len=64)
+    mods = []
+    for impl in ("triton", "naive"):
+        torch.manual_seed(0)
+        mods.append(build_mixer("gsa", ctx, mixer_config_class("gsa")(num_slots=16, topk=topk, impl=impl)))
+    fast, slow = mods[0], mods[1].double()
+    gen = torch.Generator().manual_seed(1)
+    x, w = torch.randn(2, 37, 32, generator=gen), torch.randn(2, 37, 32, generator=gen)
+    outs = []
+    for m, dt in ((fast, torch.float32), (slow, torch.float64)):
+        xi = x.to(dt).detach().clone().requires_grad_()
+        y = m(xi)
+        (y * w.to(dt)).sum().backward()
+        outs.append((y, xi.grad, {n: p.grad for n, p in m.named_parameters()}))
+    (y1, gx1, gp1), (y2, gx2, gp2) = outs
+    errs = {"y": rel(y1, y2), "dx": rel(gx1, gx2), **{n: rel(gp1[n], gp2[n]) for n in gp2 if gp2[n] is not None}}
+    bad = {n: e for n, e in errs.items() if not e <= TOL}
+    assert not bad, f"errors above {TOL}: {bad}"
 
 
 @pytest.mark.parametrize("gate", ["none", "scalar", "diag"])

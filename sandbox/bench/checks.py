@@ -1,7 +1,7 @@
 """Correctness checks of the Triton kernels against the float64 torch reference.
 
 Every kernel family (gate none / scalar / diagonal, with initial and final state, packed
-variable-length segments with empty ones, delta rule, decode) runs on fresh random inputs and
+variable-length segments with empty ones, delta rule, decode, GSA's slot scores) runs on fresh random inputs and
 is compared with ``chunk_reference`` on the same inputs upcast to float64, by
 ``|out - ref| / |ref|`` for the output, the final state and every gradient. ``sandbox bench
 kernels --check`` runs these on the GPU before timing and refuses to time a kernel that fails
@@ -121,6 +121,29 @@ def check_decode(dtype, device, K=192, V=160, B=3, H=2) -> dict:
     return res
 
 
+def check_slot_scores(dtype, device, B=3, T=333, H=2, dk=64, m=64) -> dict:
+    """GSA's first pass (``triton_slot_scores.py``) against its torch form in float64: scores, final state and
+    the gradients of q, k, s and the log-gates; gates from none (an unchosen top-k slot) to strong decay."""
+    from sandbox.kernels.slot_scores import slot_scores
+
+    q = torch.randn(B, T, H, dk, device=device)
+    k = torch.randn(B, T, H, dk, device=device) / math.sqrt(dk)
+    chosen = torch.rand(B, T, H, m, device=device) < 0.5
+    g = torch.where(chosen, F.logsigmoid(torch.randn(B, T, H, m, device=device) * 2), 0.0)
+    s = -torch.expm1(g) * torch.rand(B, T, H, m, device=device)
+    mine = [q.to(dtype), k.to(dtype), s.to(dtype), g]
+    mine = [x.detach().clone().requires_grad_() for x in mine]
+    ref = [x.detach().double().requires_grad_() for x in mine]
+    o, S = slot_scores(*mine, scale=dk ** -0.5, output_final_state=True, impl="triton")
+    ro, rS = slot_scores(*ref, scale=dk ** -0.5, output_final_state=True, impl="torch")
+    w = torch.randn_like(ro)
+    (o.float() * w.float()).sum().backward()
+    (ro * w).sum().backward()
+    errs = {"o": rel_err(o, ro), "final_state": rel_err(S, rS)}
+    errs.update({"d" + n: rel_err(a.grad, b.grad) for n, a, b in zip("qksg", mine, ref)})
+    return {"errors": errs, "ok": all(e <= TOL[dtype] for e in errs.values()), "tol": TOL[dtype]}
+
+
 def _family_cases(dtype):
     """(name, kernel, make_inputs args, make_inputs kwargs, scale) of every family check at one dtype."""
     dn = str(dtype)[6:]
@@ -155,6 +178,11 @@ def family_checks(device) -> dict:
             except Exception as e:
                 out[name] = {"errors": {"raised": float("nan")}, "ok": False, "tol": TOL[dtype],
                              "exception": f"{type(e).__name__}: {str(e)[:300]}"}
+        try:
+            out[f"slot_scores_{str(dtype)[6:]}"] = check_slot_scores(dtype, device)
+        except Exception as e:
+            out[f"slot_scores_{str(dtype)[6:]}"] = {"errors": {"raised": float("nan")}, "ok": False, "tol": TOL[dtype],
+                                                    "exception": f"{type(e).__name__}: {str(e)[:300]}"}
         try:
             out.update(check_decode(dtype, device))
         except Exception as e:

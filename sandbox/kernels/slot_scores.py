@@ -9,6 +9,8 @@ the chunk start ([C, m]) and A = tril(q k^T) ([C, C], shared by all slots):
     inter = exp(G) * (q @ K~_prev^T)
     K~    = exp(G_C)[:, None] * K~_prev + (exp(G_C - G) * s)^T @ k
 The largest tensors are the per-chunk states [n, m, d_k] (T m d_k / C), not T m d_k.
+On a GPU the same chunked form runs as Triton kernels (``triton_slot_scores.py``); this torch form is
+the reference they are checked against besides the per-token loop, and the CPU path.
 """
 from __future__ import annotations
 
@@ -27,11 +29,16 @@ CHUNK = 16
 LOG_GATE_MIN = -8.0
 
 
-def slot_scores(q, k, s, g, *, scale=1.0, output_final_state=False):
+def slot_scores(q, k, s, g, *, scale=1.0, output_final_state=False, impl="auto"):
     """q, k: [B, T, H, d_k]; s, g: [B, T, H, m] (slot writes, log-gates <= 0).
 
-    Returns ``(o [B, T, H, m] in s's dtype, final state [B, H, m, d_k] or None)``.
+    Returns ``(o [B, T, H, m] in s's dtype, final state [B, H, m, d_k] or None)``. impl: "triton" (the
+    final state then carries no gradient), "torch", or "auto" = Triton on CUDA for d_k <= 256.
     """
+    if impl == "triton" or (impl == "auto" and q.is_cuda and q.shape[-1] <= 256):
+        from sandbox.kernels.triton_slot_scores import slot_scores_triton
+        return slot_scores_triton(q, k, s, g.clamp_min(LOG_GATE_MIN), scale=scale,
+                                  output_final_state=output_final_state)
     B, T, H, dk = q.shape
     C, acc = CHUNK, accumulate_dtype(q)
     n = max(1, -(-T // C))

@@ -4,7 +4,7 @@ With m slots per head, forget gate alpha_t in (0,1)^m and slot writes s_t = 1 - 
     K~_t = diag(alpha_t) K~_{t-1} + s_t^T k_t      (m x d_k)
     V~_t = diag(alpha_t) V~_{t-1} + s_t^T v_t      (m x d_v)
     o_t  = V~_t^T softmax(K~_t q_t * d_k^-0.5)
-Pass 1 reads K~ q with ``slot_scores`` (chunked torch, no per-slot copies of q and k; its
+Pass 1 reads K~ q with ``slot_scores`` (chunked, Triton on a GPU, no per-slot copies of q and k; its
 reference, impl "naive", is the core loop with one [d_k, 1] state per (head, slot)). Pass 2 is
 the core recurrence with queries = slot probabilities, keys = s_t, diagonal gate alpha_t.
 With ``topk``, s_t = softmax(top-k(-f)) over the slots and unchosen slots keep alpha = 1 in
@@ -70,7 +70,8 @@ class GSA(LinearMixer):
                                              g.reshape(B, T, H * m), scale=self.scale,
                                              output_final_state=capture)
         else:
-            scores, S1 = slot_scores(q, k1, s, g, scale=self.scale, output_final_state=capture)
+            scores, S1 = slot_scores(q, k1, s, g, scale=self.scale, output_final_state=capture,
+                                     impl=self.cfg.impl)
         probs = scores.view(B, T, H, m).softmax(-1)
         o, S2 = linear_recurrence(probs, s, v, g, scale=1.0, output_final_state=capture, impl=self.cfg.impl)
         if capture:

@@ -1,0 +1,303 @@
+"""GSA's first pass (slot scores) in Triton: forward and backward.
+
+Per sequence and head, with m slots, chunk-local cumulative log-gates and slot writes s:
+    K~_t = diag(exp(g_t)) K~_{t-1} + s_t^T k_t      (m x d_k state, gated on the slot side)
+    o_t  = scale * K~_t q_t                        (m scores)
+The gate acts on the rows of the state that the output keeps (the slots), not on the ones it sums
+over, so this is not the core recurrence of ``triton_chunk.py``; it is its transpose.
+
+Chunks of C = 16 steps, as the torch form (``slot_scores.py``, which states why C = 16 and the clamp
+of the log-gate at -8 keep every exponential finite): with gc the chunk-local cumulative log-gate
+[C, m], gc_mid its row C/2 - 1, gl its last row and A = scale * tril(q k^T) [C, C]:
+    o     = exp(gc - gc_mid) * (A @ (exp(gc_mid - gc) * s)) + scale * exp(gc) * (q @ h_c^T)
+    h_c+1 = exp(gl)[:, None] * h_c + (exp(gl - gc) * s)^T @ k
+Forward: ``_fwd_states`` (sequential over chunks, stores gc and every chunk-start state h_c) and
+``_fwd_o`` (parallel over chunks). Backward: ``_bwd_states`` (the same pass in reverse: the gradient
+of every chunk-end state) and ``_bwd_chunk`` (parallel over chunks: dq, dk, ds and the gate's
+per-step term do * o - s * ds, whose reverse cumulative sum over the sequence is dg).
+The final state is returned without a gradient (the model only reads it for inspection).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sandbox.kernels.triton_chunk_common import fold_replicas
+
+C = 16  # chunk length (slot_scores.CHUNK)
+
+
+@triton.jit
+def _last_row(x, C: tl.constexpr):
+    return tl.sum(tl.where(tl.arange(0, C)[:, None] == C - 1, x, 0.), axis=0)
+
+
+@triton.jit
+def _mid_row(x, C: tl.constexpr):
+    return tl.sum(tl.where(tl.arange(0, C)[:, None] == C // 2 - 1, x, 0.), axis=0)
+
+
+@triton.jit
+def _load_gc(gc, p_m, m_tm, m_t, C: tl.constexpr):
+    """gc of a chunk [C, BM], its rows past the sequence's end held at its last step (no decay there), as
+    the forward's running sum has them: the last row is then the chunk's total and the middle row a
+    reference within reach of every row."""
+    b = tl.load(gc + p_m, mask=m_tm, other=0.)
+    n = tl.sum(m_t.to(tl.int32), axis=0)
+    last = tl.sum(tl.where(tl.arange(0, C)[:, None] == n - 1, b, 0.), axis=0)
+    return tl.where(m_t[:, None], b, last[None, :])
+
+
+@triton.jit
+def _fwd_states(k, s, g, gc, h, ht, T, H, M, NT, K: tl.constexpr, STORE_HT: tl.constexpr,
+                C: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+    i_m, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_m = i_m * BM + tl.arange(0, BM)
+    o_k = tl.arange(0, BK)
+    o_t = tl.arange(0, C)
+    m_m, m_k = o_m < M, o_k < K
+    m_h = m_m[:, None] & m_k[None, :]
+    S = tl.zeros([BM, BK], dtype=tl.float32)
+    for c in range(0, NT):
+        rows = c * C + o_t
+        m_t = rows < T
+        tok = (i_b * T + rows).to(tl.int64) * H + i_h
+        p_m = tok[:, None] * M + o_m[None, :]
+        m_tm = m_t[:, None] & m_m[None, :]
+        ch = ((i_b * NT + c) * H + i_h).to(tl.int64)
+        tl.store(h + (ch * M + o_m[:, None]) * K + o_k[None, :], S, mask=m_h)
+        b_gc = tl.cumsum(tl.load(g + p_m, mask=m_tm, other=0.).to(tl.float32), axis=0)
+        tl.store(gc + p_m, b_gc, mask=m_tm)
+        gl = _last_row(b_gc, C)
+        b_s = tl.load(s + p_m, mask=m_tm, other=0.).to(tl.float32)
+        b_k = tl.load(k + tok[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+        w = (tl.exp(gl[None, :] - b_gc) * b_s).to(b_k.dtype)
+        S = S * tl.exp(gl)[:, None] + tl.dot(tl.trans(w), b_k)
+    if STORE_HT:
+        tl.store(ht + (i_bh.to(tl.int64) * M + o_m[:, None]) * K + o_k[None, :], S, mask=m_h)
+
+
+@triton.jit
+def _fwd_o(q, k, s, gc, h, o, scale, T, H, M, NT, K: tl.constexpr, C: tl.constexpr, BM: tl.constexpr,
+           BK: tl.constexpr, NM: tl.constexpr):
+    i_cm, i_h = tl.program_id(0), tl.program_id(1)
+    i_c, i_m = i_cm // NM, i_cm % NM
+    i_b, c = i_c // NT, i_c % NT
+    o_m = i_m * BM + tl.arange(0, BM)
+    o_k = tl.arange(0, BK)
+    o_t = tl.arange(0, C)
+    m_m, m_k = o_m < M, o_k < K
+    rows = c * C + o_t
+    m_t = rows < T
+    tok = (i_b * T + rows).to(tl.int64) * H + i_h
+    p_m = tok[:, None] * M + o_m[None, :]
+    m_tm = m_t[:, None] & m_m[None, :]
+    m_tk = m_t[:, None] & m_k[None, :]
+    b_q = tl.load(q + tok[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
+    b_k = tl.load(k + tok[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
+    A = tl.dot(b_q, tl.trans(b_k)) * scale
+    A = tl.where(o_t[:, None] >= o_t[None, :], A, 0.)
+    b_gc = _load_gc(gc, p_m, m_tm, m_t, C)
+    b_s = tl.load(s + p_m, mask=m_tm, other=0.).to(tl.float32)
+    mid = _mid_row(b_gc, C)[None, :]
+    ch = ((i_b * NT + c) * H + i_h).to(tl.int64)
+    b_h = tl.load(h + (ch * M + o_m[:, None]) * K + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.)
+    intra = tl.exp(b_gc - mid) * tl.dot(A, tl.exp(mid - b_gc) * b_s)
+    inter = tl.exp(b_gc) * tl.dot(b_q, tl.trans(b_h.to(b_q.dtype))) * scale
+    tl.store(o + p_m, intra + inter, mask=m_tm)
+
+
+@triton.jit
+def _bwd_states(q, do, gc, dh, scale, T, H, M, NT, K: tl.constexpr, C: tl.constexpr, BM: tl.constexpr,
+                BK: tl.constexpr):
+    """dh[c] = the gradient of the state at the end of chunk c (the start of chunk c + 1)."""
+    i_m, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_m = i_m * BM + tl.arange(0, BM)
+    o_k = tl.arange(0, BK)
+    o_t = tl.arange(0, C)
+    m_m, m_k = o_m < M, o_k < K
+    m_h = m_m[:, None] & m_k[None, :]
+    dS = tl.zeros([BM, BK], dtype=tl.float32)
+    for i in range(0, NT):
+        c = NT - 1 - i
+        rows = c * C + o_t
+        m_t = rows < T
+        tok = (i_b * T + rows).to(tl.int64) * H + i_h
+        p_m = tok[:, None] * M + o_m[None, :]
+        m_tm = m_t[:, None] & m_m[None, :]
+        ch = ((i_b * NT + c) * H + i_h).to(tl.int64)
+        tl.store(dh + (ch * M + o_m[:, None]) * K + o_k[None, :], dS, mask=m_h)
+        b_gc = _load_gc(gc, p_m, m_tm, m_t, C)
+        b_do = tl.load(do + p_m, mask=m_tm, other=0.).to(tl.float32)
+        b_q = tl.load(q + tok[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+        gl = _last_row(b_gc, C)
+        dS = dS * tl.exp(gl)[:, None] + tl.dot(tl.trans((tl.exp(b_gc) * b_do).to(b_q.dtype)), b_q) * scale
+
+
+@triton.jit
+def _bwd_chunk(q, k, s, gc, h, dh, do, o, dq, dk, ds, dG, scale, T, H, M, NT, K: tl.constexpr,
+               C: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_b, c = i_c // NT, i_c % NT
+    o_k = tl.arange(0, BK)
+    o_t = tl.arange(0, C)
+    m_k = o_k < K
+    rows = c * C + o_t
+    m_t = rows < T
+    tok = (i_b * T + rows).to(tl.int64) * H + i_h
+    m_tk = m_t[:, None] & m_k[None, :]
+    b_q = tl.load(q + tok[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
+    b_k = tl.load(k + tok[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
+    dt = b_q.dtype
+    causal = o_t[:, None] >= o_t[None, :]
+    A = tl.where(causal, tl.dot(b_q, tl.trans(b_k)) * scale, 0.)
+    ch = ((i_b * NT + c) * H + i_h).to(tl.int64)
+    b_dq = tl.zeros([C, BK], dtype=tl.float32)
+    b_dk = tl.zeros([C, BK], dtype=tl.float32)
+    dA = tl.zeros([C, C], dtype=tl.float32)
+    for i_m in range(0, tl.cdiv(M, BM)):
+        o_m = i_m * BM + tl.arange(0, BM)
+        m_m = o_m < M
+        p_m = tok[:, None] * M + o_m[None, :]
+        m_tm = m_t[:, None] & m_m[None, :]
+        p_h = (ch * M + o_m[:, None]) * K + o_k[None, :]
+        m_h = m_m[:, None] & m_k[None, :]
+        b_gc = _load_gc(gc, p_m, m_tm, m_t, C)
+        b_s = tl.load(s + p_m, mask=m_tm, other=0.).to(tl.float32)
+        b_do = tl.load(do + p_m, mask=m_tm, other=0.).to(tl.float32)
+        b_o = tl.load(o + p_m, mask=m_tm, other=0.)
+        b_h = tl.load(h + p_h, mask=m_h, other=0.).to(dt)
+        b_dh = tl.load(dh + p_h, mask=m_h, other=0.).to(dt)
+        mid = _mid_row(b_gc, C)[None, :]
+        gl = _last_row(b_gc, C)[None, :]
+        dm = tl.exp(b_gc - mid) * b_do                   # do relative to the chunk's middle
+        sm = tl.exp(mid - b_gc) * b_s                    # s relative to the chunk's middle
+        dA += tl.dot(dm, tl.trans(sm))
+        b_dq += tl.dot((tl.exp(b_gc) * b_do).to(dt), b_h) * scale
+        decay = tl.exp(gl - b_gc)                        # from each step to the chunk's end
+        b_dk += tl.dot((decay * b_s).to(dt), b_dh)
+        b_ds = tl.exp(mid - b_gc) * tl.dot(tl.trans(A), dm) + decay * tl.dot(b_k, tl.trans(b_dh))
+        tl.store(ds + p_m, b_ds, mask=m_tm)
+        tl.store(dG + p_m, b_do * b_o - b_s * b_ds, mask=m_tm)
+    dA = tl.where(causal, dA, 0.) * scale
+    b_dq += tl.dot(dA, b_k.to(tl.float32))
+    b_dk += tl.dot(tl.trans(dA), b_q.to(tl.float32))
+    tl.store(dq + tok[:, None] * K + o_k[None, :], b_dq, mask=m_tk)
+    tl.store(dk + tok[:, None] * K + o_k[None, :], b_dk, mask=m_tk)
+
+
+def _tiles(M: int, K: int) -> tuple[int, int]:
+    BK = max(16, triton.next_power_of_2(K))
+    BM = max(16, min(64, triton.next_power_of_2(M)))
+    return BM, BK
+
+
+def _fwd(q, k, s, g, scale, output_final_state):
+    B, T, H, K = q.shape
+    M = s.shape[-1]
+    NT = triton.cdiv(T, C)
+    BM, BK = _tiles(M, K)
+    NM = triton.cdiv(M, BM)
+    f32 = torch.float32
+    gc = torch.empty(B, T, H, M, device=q.device, dtype=f32)
+    h = torch.empty(B * NT, H, M, K, device=q.device, dtype=f32)
+    ht = torch.empty(B if output_final_state else 0, H, M, K, device=q.device, dtype=f32)
+    o = torch.empty(B, T, H, M, device=q.device, dtype=f32)
+    _fwd_states[(NM, B * H)](k, s, g, gc, h, ht, T, H, M, NT, K=K, STORE_HT=output_final_state, C=C, BM=BM,
+                             BK=BK, num_warps=4)
+    _fwd_o[(B * NT * NM, H)](q, k, s, gc, h, o, scale, T, H, M, NT, K=K, C=C, BM=BM, BK=BK, NM=NM, num_warps=4)
+    return o, ht, gc, h
+
+
+def _bwd(q, k, s, gc, h, o, do, scale):
+    B, T, H, K = q.shape
+    M = s.shape[-1]
+    NT = triton.cdiv(T, C)
+    BM, BK = _tiles(M, K)
+    f32 = torch.float32
+    dh = torch.empty_like(h)
+    dq = torch.empty(B, T, H, K, device=q.device, dtype=f32)
+    dk = torch.empty_like(dq)
+    ds = torch.empty(B, T, H, M, device=q.device, dtype=f32)
+    dG = torch.empty_like(ds)
+    _bwd_states[(triton.cdiv(M, BM), B * H)](q, do, gc, dh, scale, T, H, M, NT, K=K, C=C, BM=BM, BK=BK,
+                                             num_warps=4)
+    _bwd_chunk[(B * NT, H)](q, k, s, gc, h, dh, do, o, dq, dk, ds, dG, scale, T, H, M, NT, K=K, C=C, BM=BM,
+                            BK=BK, num_warps=4)
+    dg = dG.flip(1).cumsum(1).flip(1)      # a step's gate scales every later score of its slot
+    return dq.to(q.dtype), dk.to(k.dtype), ds.to(s.dtype), dg
+
+
+# ----------------------------------------------------------------------------- torch custom ops
+# As in triton_chunk.py: opaque to torch.compile, vmapped by folding stacked replicas into the batch.
+
+@torch.library.custom_op("sandbox::slot_scores_fwd", mutates_args=())
+def _op_fwd(q: torch.Tensor, k: torch.Tensor, s: torch.Tensor, g: torch.Tensor, scale: float,
+            output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o fp32, final state or empty, gc, chunk-start states)."""
+    return _fwd(q, k, s, g, scale, output_final_state)
+
+
+@_op_fwd.register_fake
+def _op_fwd_fake(q, k, s, g, scale, output_final_state):
+    B, T, H, K = q.shape
+    M, f32 = s.shape[-1], torch.float32
+    return (s.new_empty(B, T, H, M, dtype=f32), q.new_empty(B if output_final_state else 0, H, M, K, dtype=f32),
+            s.new_empty(B, T, H, M, dtype=f32), q.new_empty(B * triton.cdiv(T, C), H, M, K, dtype=f32))
+
+
+@torch.library.custom_op("sandbox::slot_scores_bwd", mutates_args=())
+def _op_bwd(q: torch.Tensor, k: torch.Tensor, s: torch.Tensor, gc: torch.Tensor, h: torch.Tensor,
+            o: torch.Tensor, do: torch.Tensor, scale: float
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, ds, dg)."""
+    return _bwd(q, k, s, gc, h, o, do, scale)
+
+
+@_op_bwd.register_fake
+def _op_bwd_fake(q, k, s, gc, h, o, do, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(s), torch.empty_like(gc)
+
+
+def _setup(ctx, inputs, output):
+    q, k, s, g, scale, _ = inputs
+    o, _, gc, h = output
+    ctx.save_for_backward(q, k, s, gc, h, o)
+    ctx.scale = scale
+    ctx.g_dtype = g.dtype
+
+
+def _backward(ctx, do, *_unused):
+    q, k, s, gc, h, o = ctx.saved_tensors
+    dq, dk, ds, dg = torch.ops.sandbox.slot_scores_bwd(q, k, s, gc, h, o, do.float().contiguous(), ctx.scale)
+    return dq, dk, ds, dg.to(ctx.g_dtype), None, None
+
+
+_op_fwd.register_autograd(_backward, setup_context=_setup)
+
+
+@_op_fwd.register_vmap
+def _op_fwd_vmap(info, in_dims, q, k, s, g, scale, output_final_state):
+    """Stacked replicas [R, B, ...] run as one batch of R * B sequences."""
+    R = info.batch_size
+    q, k, s, g = (fold_replicas(x, d, R) for x, d in zip((q, k, s, g), in_dims[:4]))
+    o, ht, gc, h = torch.ops.sandbox.slot_scores_fwd(q, k, s, g, scale, output_final_state)
+    o = o.view(R, -1, *o.shape[1:])
+    ht = ht.view(R, -1, *ht.shape[1:]) if output_final_state else ht
+    # the intermediates only feed the backward recorded for the folded call: hand them out unbatched
+    return (o, ht, gc, h), (0, 0 if output_final_state else None, None, None)
+
+
+def slot_scores_triton(q, k, s, g, *, scale=1.0, output_final_state=False):
+    """q, k: [B, T, H, d_k]; s, g: [B, T, H, m] (slot writes, log-gates <= 0, already clamped).
+
+    Returns ``(o [B, T, H, m] in s's dtype, final state [B, H, m, d_k] fp32 without gradient, or None)``.
+    """
+    dt = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else k.dtype
+    q, k = q.to(dt).contiguous(), k.to(dt).contiguous()
+    o, ht = torch.ops.sandbox.slot_scores_fwd(q, k, s.contiguous(), g.contiguous(), float(scale),
+                                              bool(output_final_state))[:2]
+    return o.to(s.dtype), (ht.detach() if output_final_state else None)
