@@ -21,6 +21,7 @@ from sandbox.kernels.triton_chunk import chunk_gla  # noqa: E402
 from sandbox.kernels.triton_decode import decode_step  # noqa: E402
 from sandbox.kernels.triton_delta import chunk_delta_rule  # noqa: E402
 from sandbox.kernels.triton_slot_scores import slot_scores_triton  # noqa: E402
+from test_linear_mixers import naive_slot_scores  # noqa: E402
 
 TOL = 1e-4  # fp32 kernel (interpreter: numpy fp32 dots) against a float64 loop
 
@@ -74,17 +75,6 @@ def delta(q, k, v, g=None, beta=None, **kw):
     return chunk_delta_rule(q, k, v, beta, g, **kw)
 
 
-def slot_loop(q, k, s, g, scale):
-    """GSA's first pass one token at a time: K~_t = diag(exp(g_t)) K~_{t-1} + s_t^T k_t, o_t = scale K~_t q_t."""
-    B, T, H, dk = q.shape
-    S = q.new_zeros(B, H, s.shape[-1], dk)
-    outs = []
-    for t in range(T):
-        S = g[:, t].exp()[..., None] * S + s[:, t, :, :, None] * k[:, t, :, None, :]
-        outs.append(scale * torch.einsum("bhmd,bhd->bhm", S, q[:, t]))
-    return torch.stack(outs, 1), S
-
-
 @pytest.mark.parametrize("T, dk, m, dtype", [(47, 20, 24, torch.float32), (19, 16, 80, torch.float32),
                                              (47, 20, 24, torch.float16)])
 def test_slot_scores_kernel_matches_loop(T, dk, m, dtype):
@@ -104,7 +94,7 @@ def test_slot_scores_kernel_matches_loop(T, dk, m, dtype):
     mine = [x.clone().requires_grad_() for x in (q, k, s, g)]
     ref = [x.double().requires_grad_() for x in (q, k, s, g)]
     o, S = slot_scores_triton(*mine, scale=0.3, output_final_state=True)
-    ro, rS = slot_loop(*ref, 0.3)
+    ro, rS = naive_slot_scores(*ref, 0.3)
     (o.float() * w.float()).sum().backward()
     (ro * w).sum().backward()
     assert o.dtype == mine[0].grad.dtype == dtype

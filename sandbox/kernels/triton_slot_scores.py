@@ -50,20 +50,31 @@ def _load_gc(gc, p_m, m_tm, m_t, C: tl.constexpr):
 
 
 @triton.jit
+def _rows(i_b, c, i_h, T, H, C: tl.constexpr):
+    """Chunk c of sequence i_b: which of its C rows lie inside the sequence, and their flat token index times
+    H plus the head (the row offset into any [B, T, H, *] tensor)."""
+    rows = c * C + tl.arange(0, C)
+    return rows < T, (i_b * T + rows).to(tl.int64) * H + i_h
+
+
+@triton.jit
+def _tile(i_m, M, K: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+    """Slot tile i_m and all d_k columns: offsets and masks."""
+    o_m = i_m * BM + tl.arange(0, BM)
+    o_k = tl.arange(0, BK)
+    return o_m, o_k, o_m < M, o_k < K
+
+
+@triton.jit
 def _fwd_states(k, s, g, gc, h, ht, T, H, M, NT, K: tl.constexpr, STORE_HT: tl.constexpr,
                 C: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    o_m = i_m * BM + tl.arange(0, BM)
-    o_k = tl.arange(0, BK)
-    o_t = tl.arange(0, C)
-    m_m, m_k = o_m < M, o_k < K
+    o_m, o_k, m_m, m_k = _tile(i_m, M, K, BM, BK)
     m_h = m_m[:, None] & m_k[None, :]
     S = tl.zeros([BM, BK], dtype=tl.float32)
     for c in range(0, NT):
-        rows = c * C + o_t
-        m_t = rows < T
-        tok = (i_b * T + rows).to(tl.int64) * H + i_h
+        m_t, tok = _rows(i_b, c, i_h, T, H, C)
         p_m = tok[:, None] * M + o_m[None, :]
         m_tm = m_t[:, None] & m_m[None, :]
         ch = ((i_b * NT + c) * H + i_h).to(tl.int64)
@@ -85,13 +96,9 @@ def _fwd_o(q, k, s, gc, h, o, scale, T, H, M, NT, K: tl.constexpr, C: tl.constex
     i_cm, i_h = tl.program_id(0), tl.program_id(1)
     i_c, i_m = i_cm // NM, i_cm % NM
     i_b, c = i_c // NT, i_c % NT
-    o_m = i_m * BM + tl.arange(0, BM)
-    o_k = tl.arange(0, BK)
+    o_m, o_k, m_m, m_k = _tile(i_m, M, K, BM, BK)
     o_t = tl.arange(0, C)
-    m_m, m_k = o_m < M, o_k < K
-    rows = c * C + o_t
-    m_t = rows < T
-    tok = (i_b * T + rows).to(tl.int64) * H + i_h
+    m_t, tok = _rows(i_b, c, i_h, T, H, C)
     p_m = tok[:, None] * M + o_m[None, :]
     m_tm = m_t[:, None] & m_m[None, :]
     m_tk = m_t[:, None] & m_k[None, :]
@@ -115,17 +122,12 @@ def _bwd_states(q, do, gc, dh, scale, T, H, M, NT, K: tl.constexpr, C: tl.conste
     """dh[c] = the gradient of the state at the end of chunk c (the start of chunk c + 1)."""
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    o_m = i_m * BM + tl.arange(0, BM)
-    o_k = tl.arange(0, BK)
-    o_t = tl.arange(0, C)
-    m_m, m_k = o_m < M, o_k < K
+    o_m, o_k, m_m, m_k = _tile(i_m, M, K, BM, BK)
     m_h = m_m[:, None] & m_k[None, :]
     dS = tl.zeros([BM, BK], dtype=tl.float32)
     for i in range(0, NT):
         c = NT - 1 - i
-        rows = c * C + o_t
-        m_t = rows < T
-        tok = (i_b * T + rows).to(tl.int64) * H + i_h
+        m_t, tok = _rows(i_b, c, i_h, T, H, C)
         p_m = tok[:, None] * M + o_m[None, :]
         m_tm = m_t[:, None] & m_m[None, :]
         ch = ((i_b * NT + c) * H + i_h).to(tl.int64)
@@ -145,9 +147,7 @@ def _bwd_chunk(q, k, s, gc, h, dh, do, o, dq, dk, ds, dG, scale, T, H, M, NT, K:
     o_k = tl.arange(0, BK)
     o_t = tl.arange(0, C)
     m_k = o_k < K
-    rows = c * C + o_t
-    m_t = rows < T
-    tok = (i_b * T + rows).to(tl.int64) * H + i_h
+    m_t, tok = _rows(i_b, c, i_h, T, H, C)
     m_tk = m_t[:, None] & m_k[None, :]
     b_q = tl.load(q + tok[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
     b_k = tl.load(k + tok[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
@@ -159,8 +159,7 @@ def _bwd_chunk(q, k, s, gc, h, dh, do, o, dq, dk, ds, dG, scale, T, H, M, NT, K:
     b_dk = tl.zeros([C, BK], dtype=tl.float32)
     dA = tl.zeros([C, C], dtype=tl.float32)
     for i_m in range(0, tl.cdiv(M, BM)):
-        o_m = i_m * BM + tl.arange(0, BM)
-        m_m = o_m < M
+        o_m, _, m_m, _ = _tile(i_m, M, K, BM, BK)
         p_m = tok[:, None] * M + o_m[None, :]
         m_tm = m_t[:, None] & m_m[None, :]
         p_h = (ch * M + o_m[:, None]) * K + o_k[None, :]
