@@ -44,6 +44,9 @@ REFERENCE = {
                                {"mixer": "sse", "d_model": 128, "n_heads": 2, "sse": {"n": 4, "k": 1}}),
     "gated_deltanet_d128_t256": _cfg({"seq_len": 256, "num_kv_pairs": 16},
                                      {"mixer": "gated_deltanet", "d_model": 128, "n_heads": 2}),
+    # Figure 8's costly mixer, as its sweeps train it (64 slots, conv 4, gap 192)
+    "gsa_d128_t320": _cfg({"seq_len": 320, "num_kv_pairs": 16, "gap": 192},
+                          {"mixer": "gsa", "d_model": 128, "n_heads": 2, "gsa": {"num_slots": 64, "conv_size": 4}}),
     "gla_d512_t576": _cfg({"seq_len": 576, "num_kv_pairs": 16, "gap": 448},
                           {"mixer": "gla", "d_model": 512, "n_heads": 2}),
 }

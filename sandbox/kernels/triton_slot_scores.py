@@ -20,6 +20,7 @@ The final state is returned without a gradient (the model only reads it for insp
 from __future__ import annotations
 
 import torch
+import torch.utils.flop_counter
 import triton
 import triton.language as tl
 
@@ -300,3 +301,18 @@ def slot_scores_triton(q, k, s, g, *, scale=1.0, output_final_state=False):
     o, ht = torch.ops.sandbox.slot_scores_fwd(q, k, s.contiguous(), g.contiguous(), float(scale),
                                               bool(output_final_state))[:2]
     return o.to(s.dtype), (ht.detach() if output_final_state else None)
+
+
+def _flops_fwd(B, T, H, K, M):
+    """Multiply-adds x 2 of the forward, per chunk of C: q k^T, A (s scaled), q h^T and the state write s^T k."""
+    return 2 * B * T * H * (C * K + C * M + 2 * K * M)
+
+
+@torch.utils.flop_counter.register_flop_formula(torch.ops.sandbox.slot_scores_fwd)
+def _fwd_flop_formula(q_shape, k_shape, s_shape, *args, out_shape=None, **kwargs) -> int:
+    return _flops_fwd(*q_shape, s_shape[-1])
+
+
+@torch.utils.flop_counter.register_flop_formula(torch.ops.sandbox.slot_scores_bwd)
+def _bwd_flop_formula(q_shape, k_shape, s_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * _flops_fwd(*q_shape, s_shape[-1])    # dA, dq, dk, ds and the reverse state pass
