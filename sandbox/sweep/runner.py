@@ -103,9 +103,11 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
         raise ValueError(f"{sweep_dir}: another `sandbox sweep` is running here "
                          f"(see `sandbox sweep status {sweep_dir}`)") from None
     # sweep.json first: `sandbox sweep status` (and anything polling the directory) finds the
-    # study name as soon as the journal exists
-    (sweep_dir / "sweep.json").write_text(json.dumps({"study": spec.name, "source": str(spec.source),
-                                                      "storage": _public_url(storage_url) if storage_url else None}))
+    # study name as soon as the journal exists; written whole (a rerun rewrites it while others may read it)
+    tmp = sweep_dir / "sweep.json.tmp"
+    tmp.write_text(json.dumps({"study": spec.name, "source": str(spec.source),
+                               "storage": _public_url(storage_url) if storage_url else None}))
+    os.replace(tmp, sweep_dir / "sweep.json")
     storage = open_storage(sweep_dir, storage_url, heartbeat, storage_timeout)
     hb = uses_heartbeat(storage)
     prepare_study(spec, storage)
