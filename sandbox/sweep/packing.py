@@ -34,6 +34,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from sandbox.files import write_json
+
 START_WORKERS_PER_GPU = 2     # under MPS
 MAX_WORKERS_PER_GPU = 4
 IDLE_BELOW = 60.0             # % utilisation (nvidia-smi) under which a GPU counts as underfilled
@@ -168,9 +170,7 @@ def record_pace(sweep_dir: Path, paces: dict[str, tuple[str, float]]) -> None:
     """A worker's measured paces (stack key -> (family, trial-steps/s)), for workers that start later."""
     d = Path(sweep_dir) / "logs"
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".pace-{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(paces))
-    tmp.replace(d / f"pace-{os.getpid()}.json")
+    write_json(d / f"pace-{os.getpid()}.json", paces)
 
 
 def known_paces(sweep_dir: Path) -> dict[str, tuple[str, float]]:

@@ -12,7 +12,6 @@ at the limit as Ctrl-C would, and before it the workers take only what finishes 
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import shutil
 import signal
@@ -22,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+from sandbox.files import write_json
 from sandbox.sweep import packing
 from sandbox.sweep.storage import DEFAULT_TIMEOUT_S, EXIT_STORAGE, StorageUnavailable
 from sandbox.sweep.study import enqueue_points, load_study, open_storage, prepare_study, reap, trials_in, uses_heartbeat
@@ -104,10 +104,8 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                          f"(see `sandbox sweep status {sweep_dir}`)") from None
     # sweep.json first: `sandbox sweep status` (and anything polling the directory) finds the
     # study name as soon as the journal exists; written whole (a rerun rewrites it while others may read it)
-    tmp = sweep_dir / "sweep.json.tmp"
-    tmp.write_text(json.dumps({"study": spec.name, "source": str(spec.source),
-                               "storage": _public_url(storage_url) if storage_url else None}))
-    os.replace(tmp, sweep_dir / "sweep.json")
+    write_json(sweep_dir / "sweep.json", {"study": spec.name, "source": str(spec.source),
+                                          "storage": _public_url(storage_url) if storage_url else None})
     storage = open_storage(sweep_dir, storage_url, heartbeat, storage_timeout)
     hb = uses_heartbeat(storage)
     prepare_study(spec, storage)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -23,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from sandbox.config import RunConfig, flatten, to_dict
+from sandbox.files import write_json
 import sandbox.train.precompile as precompile
 from sandbox.train.group import Group, stack_key, worth_compiling, worth_regrouping
 from sandbox.train.signals import HeldSignals
@@ -57,12 +57,6 @@ def evaluate(model, task, batch_size: int, autocast) -> dict:
     model.train()
     n = max(int(scored), 1)
     return {"test/accuracy": int(correct) / n, "test/loss": float(loss_sum) / n}
-
-
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
 
 
 def _hparams(cfg: RunConfig) -> dict:
@@ -132,7 +126,7 @@ class _Run:
     def finish(self, status: str, error: str | None = None, replicas: int = 1) -> dict:
         self.status, self.error = status, error
         res = self.result(replicas)
-        _write_json(self.out / "result.json", res)
+        write_json(self.out / "result.json", res, indent=2, default=str)
         if status in ("completed", "early_stopped", "stopped"):
             self.writer.add_scalar("test/final_accuracy", self.state["accuracy"] or 0.0, self.state["step"])
         self.writer.close()
