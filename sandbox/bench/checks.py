@@ -170,24 +170,20 @@ def _family_cases(dtype):
 def family_checks(device) -> dict:
     """Small-but-real cases for each kernel family, bf16 and fp32 inputs; a kernel that raises fails its check."""
     out = {}
+
+    def run(name, dtype, check):
+        try:
+            out.update(check() if name is None else {name: check()})
+        except Exception as e:
+            out[name or f"decode_{str(dtype)[6:]}"] = {"errors": {"raised": float("nan")}, "ok": False,
+                                                      "tol": TOL[dtype],
+                                                      "exception": f"{type(e).__name__}: {str(e)[:300]}"}
+
     for dtype in (torch.bfloat16, torch.float32):
         for name, fn, args, kw, scale in _family_cases(dtype):
-            try:
-                inp = make_inputs(*args, dtype, device, **kw)
-                out[name] = check_recurrence(fn, inp, scale, TOL[dtype])
-            except Exception as e:
-                out[name] = {"errors": {"raised": float("nan")}, "ok": False, "tol": TOL[dtype],
-                             "exception": f"{type(e).__name__}: {str(e)[:300]}"}
-        try:
-            out[f"slot_scores_{str(dtype)[6:]}"] = check_slot_scores(dtype, device)
-        except Exception as e:
-            out[f"slot_scores_{str(dtype)[6:]}"] = {"errors": {"raised": float("nan")}, "ok": False, "tol": TOL[dtype],
-                                                    "exception": f"{type(e).__name__}: {str(e)[:300]}"}
-        try:
-            out.update(check_decode(dtype, device))
-        except Exception as e:
-            out[f"decode_{str(dtype)[6:]}"] = {"errors": {"raised": float("nan")}, "ok": False, "tol": TOL[dtype],
-                                               "exception": f"{type(e).__name__}: {str(e)[:300]}"}
+            run(name, dtype, lambda: check_recurrence(fn, make_inputs(*args, dtype, device, **kw), scale, TOL[dtype]))
+        run(f"slot_scores_{str(dtype)[6:]}", dtype, lambda: check_slot_scores(dtype, device))
+        run(None, dtype, lambda: check_decode(dtype, device))          # several entries of its own
     return out
 
 

@@ -32,7 +32,8 @@ class HeldSignals:
     def _hold(self, signum, frame) -> None:
         if self.pending is not None:
             self._act(signum, frame)
-        self.pending = (signum, frame)
+        else:
+            self.pending = (signum, frame)
 
     def deliver(self) -> None:
         """Hand a held signal to its own handler now (which may raise, e.g. KeyboardInterrupt)."""
