@@ -34,7 +34,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from sandbox.files import write_json
+from sandbox.train.files import write_json
 
 START_WORKERS_PER_GPU = 2     # under MPS
 MAX_WORKERS_PER_GPU = 4

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from sandbox.files import write_json
+from sandbox.train.files import write_json
 from sandbox.sweep import packing
 from sandbox.sweep.storage import DEFAULT_TIMEOUT_S, EXIT_STORAGE, StorageUnavailable
 from sandbox.sweep.study import enqueue_points, load_study, open_storage, prepare_study, reap, trials_in, uses_heartbeat

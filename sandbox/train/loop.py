@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from sandbox.config import RunConfig, flatten, to_dict
-from sandbox.files import write_json
+from sandbox.train.files import write_json
 import sandbox.train.precompile as precompile
 from sandbox.train.group import Group, stack_key, worth_compiling, worth_regrouping
 from sandbox.train.signals import HeldSignals
