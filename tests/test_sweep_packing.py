@@ -126,12 +126,16 @@ def test_a_fresh_worker_sizes_its_claims_from_the_groups_the_sweep_finished_befo
 
 
 def test_an_unmeasured_kind_of_stack_takes_its_familys_slowest_pace():
-    """Own pace first; else the slowest of the same mixer, width and length (GSA's two settings); else half the
-    slowest of all; else unknown."""
+    """Own pace first; else the slowest of the same mixer, width and length (GSA's two settings); else that
+    mixer's at another width, scaled down where wider; else half the slowest of all; else unknown."""
     paces = {"gla-a": ("gla|128|320", 150.0), "gsa-a": ("gsa|128|320", 60.0), "gsa-b": ("gsa|128|320", 80.0)}
     assert packing.pace_for("gla-a", "gla|128|320", paces) == 150.0
     assert packing.pace_for("gsa-c", "gsa|128|320", paces) == 60.0
     assert packing.pace_for("metala-a", "metala|128|320", paces) == 60.0 / packing.UNKNOWN_SLOWER
+    # another width of a measured mixer: its slowest pace, over the ratio of widths where this one is wider
+    assert packing.pace_for("gsa-w", "gsa|256|320", paces) == 30.0
+    assert packing.pace_for("gsa-n", "gsa|64|320", paces) == 60.0
+    assert packing.pace_for("gsa-l", "gsa|256|640", paces) == 60.0 / packing.UNKNOWN_SLOWER   # not its length
     assert packing.pace_for("metala-a", "metala|128|320", {}) is None
 
 

@@ -157,13 +157,27 @@ def pace_for(key: str, family: str, paces: dict[str, tuple[str, float]]) -> floa
     """The pace (trial-steps/s) to size a group of stack ``key`` by, from ``paces`` (stack key -> (family,
     pace)) measured so far: its own; else the slowest of its family (same mixer, width and length: on
     the H200 a GSA stack ran at half a GLA stack's pace, and sizing GSA by GLA's pace started stacks the
-    limit then cut off); else the slowest of all over ``UNKNOWN_SLOWER``; None where nothing is known."""
+    limit then cut off); else the slowest of the same mixer and length at another width, slowed by the
+    ratio of widths where this one is wider; else the slowest of all over ``UNKNOWN_SLOWER``; None where
+    nothing is known. (Figure 8's d64 and d256 columns, sized by the slowest mixer over 2, fit no trial
+    in a 520 s call, although GSA's own d128 pace put one d256 trial at under 300 s.)"""
     if key in paces:
         return paces[key][1]
     kin = [r for f, r in paces.values() if f == family]
     if kin:
         return min(kin)
+    mixer, width, length = _family_parts(family)
+    wider = [r * min(1.0, w / width) for f, r in paces.values() if width
+             for m, w, n in [_family_parts(f)] if m == mixer and n == length and w]
+    if wider:
+        return min(wider)
     return min(r for _, r in paces.values()) / UNKNOWN_SLOWER if paces else None
+
+
+def _family_parts(family: str) -> tuple[str, int | None, str]:
+    """(mixer, width or None, length) of a family ``mixer|d_model|seq_len``."""
+    mixer, width, length = (family.split("|") + ["", ""])[:3]
+    return mixer, int(width) if width.isdigit() else None, length
 
 
 def record_pace(sweep_dir: Path, paces: dict[str, tuple[str, float]]) -> None:
