@@ -52,10 +52,11 @@ def test_forcing_a_graph_on_cpu_is_a_clear_error(tmp_path):
                                    dict(mixer="sse", sse={"n": 4, "k": 1, "impl": "masking"})],
                          ids=["gla", "attention", "deltanet", "gdn_topk", "gsa", "sse"])
 def test_graph_training_matches_eager(tmp_path, model):
-    """Same seed, same batches: replayed steps give the weights and losses of eager steps, as close as a
-    second eager run is to the first. (The embedding backward's atomic adds make a GPU run's sums
-    order-dependent; bf16 and AdamW carry a last-bit difference on. A graph that replays a stale or
-    wrong step lands far outside that spread.)"""
+    """The training loop with a graph: same seed, same batches, the test losses of eager runs, as close as a
+    second eager run is to the first. The weights are printed, not compared: the embedding backward's atomic
+    adds leave a last-bit difference (2e-9 relative after one step on the H200), and AdamW grows it to 1e-3
+    to 1e-2 within 30 steps, graph or not (a GSA graph run at 2.7e-4 beside an eager pair at 1.4e-6 only
+    drew a quiet eager pair). Whether a replay computes the right step is the one-step test below."""
     runs = []
     for name, graph in (("eager", False), ("eager_again", False), ("graph", True)):
         data = copy.deepcopy(BASE)
@@ -70,9 +71,7 @@ def test_graph_training_matches_eager(tmp_path, model):
         return max(((x[k].double() - y[k].double()).norm() / y[k].double().norm().clamp_min(1e-12)).item()
                    for k in y if y[k].is_floating_point())
 
-    noise, gap = spread(a1, a), spread(b, a)
-    print(f"eager vs eager {noise:.2e}, graph vs eager {gap:.2e}")
-    assert gap <= max(1e-4, 5 * noise), f"graph vs eager {gap:.2e} against eager vs eager {noise:.2e}"
+    print(f"weights: eager vs eager {spread(a1, a):.2e}, graph vs eager {spread(b, a):.2e}")
     losses = [[h["test/loss"] for h in r["history"]] for r in (r0, r1, r2)]
     loss_noise = max(abs(x - y) / abs(y) for x, y in zip(losses[1], losses[0]))
     loss_gap = max(abs(x - y) / abs(y) for x, y in zip(losses[2], losses[0]))
@@ -95,35 +94,56 @@ def test_embedding_backward_on_the_gpu_equals_a_float64_sum():
     torch.testing.assert_close(w.grad.double(), ref, rtol=1e-5, atol=1e-3)
 
 
+
+def _state(step) -> list:
+    """Every tensor a training step changes: weights, optimizer state, step counter, running losses."""
+    out = [*step.params, step.counter, step.loss_sum, step.lr]
+    for opt in step.opts:
+        for st in opt.state.values():
+            out += [v for v in st.values() if torch.is_tensor(v)]
+    return out
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("mixer", ["gla", "deltanet"])
-def test_a_replayed_step_equals_eager_steps_on_its_stream(mixer):
-    """The graph's steps against eager steps on the graph's side stream, step by step, with the same
-    model and batches: a replay of the same kernels must give the same weights (a stale input or a value
-    baked in at capture would not). The default-stream eager run is printed beside it: cuBLAS may choose
-    other kernels on another stream, which is rounding, not a defect."""
+@pytest.mark.parametrize("model", [dict(mixer="gla"), dict(mixer="attention"), dict(mixer="deltanet"),
+                                   dict(mixer="gated_deltanet", gated_deltanet={"topk": 8}), dict(mixer="gsa"),
+                                   dict(mixer="sse", sse={"n": 4, "k": 1, "impl": "masking"})],
+                         ids=["gla", "attention", "deltanet", "gdn_topk", "gsa", "sse"])
+def test_a_replay_on_a_new_batch_is_the_eager_step_from_the_same_state(model):
+    """One replayed step (a batch the capture never saw) against the eager step from the same weights and
+    optimizer state on the same stream: equal up to the embedding backward's last-bit noise. A graph that
+    kept a stale input, a value baked in at capture, or a buffer the eager step reallocates differs by the
+    step's own size."""
     from sandbox.train.step import Step
     data = copy.deepcopy(BASE)
-    data["model"].update(mixer=mixer)
+    data["model"].update(model)
     cfg = load_config(data=data)
-    task, model = build(cfg, torch.device("cuda"))
-    batches = [task.sample(16, index=i) for i in range(6)]
-    runs = {}
-    for name, after in (("eager", None), ("stream", 10 ** 6), ("graph", 2)):
-        m = copy.deepcopy(model)
-        step = Step([m], [cfg.train], per_row=None, autocast_dtype=torch.bfloat16, capture_after=after)
-        snaps = []
-        for x, y in batches:
-            step(x, y)
-            torch.cuda.synchronize()
-            snaps.append({k: v.detach().double().clone() for k, v in m.state_dict().items()})
-        runs[name] = snaps
+    task, m = build(cfg, torch.device("cuda"))
+    step = Step([m], [cfg.train], per_row=getattr(task, "max_targets", None), autocast_dtype=torch.bfloat16,
+                capture_after=2)
+    batches = [task.sample(16, index=i) for i in range(4)]
+    for x, y in batches[:3]:          # two eager steps, then the capture and its first replay
+        step(x, y)
+    assert step.graph is not None
+    state = _state(step)
+    before = [t.clone() for t in state]
+    step(*batches[3])
+    torch.cuda.synchronize()
+    replayed = [t.clone() for t in state]
+    with torch.no_grad():
+        for t, b in zip(state, before):
+            t.copy_(b)
+    step.stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(step.stream):
+        step._step(*batches[3])
+    torch.cuda.synchronize()
 
-    def gap(a, b):
-        return max(((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)).item() for k in b)
+    def rel(a, b):
+        a, b = a.double(), b.double()
+        return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
 
-    graph = [gap(g, s) for g, s in zip(runs["graph"], runs["stream"])]
-    default = [gap(e, s) for e, s in zip(runs["eager"], runs["stream"])]
-    print(f"{mixer}: graph vs side-stream eager per step {['%.1e' % v for v in graph]}; "
-          f"default-stream eager vs side-stream eager {['%.1e' % v for v in default]}")
-    assert max(graph) <= 1e-6, f"graph vs eager on its stream: {graph}"
+    moved = max(rel(r, b) for r, b in zip(replayed[:len(step.params)], before))
+    gap = max(rel(r, e) for r, e in zip(replayed, state))
+    print(f"one replayed step moved the weights {moved:.1e}; replay vs eager {gap:.1e}")
+    assert moved > 1e-4          # the step did something
+    assert gap <= 1e-6, f"replay vs eager step from the same state: {gap:.2e} (the step moved {moved:.2e})"
