@@ -234,6 +234,24 @@ def test_short_conv_is_causal():
     assert m.state_size(12) == 2 * 10 * 10 + 3 * m.conv.shape[0]
 
 
+@pytest.mark.parametrize("T, w", [(1, 4), (3, 4), (12, 4), (9, 2), (5, 1)])
+def test_short_conv_equals_torchs_depthwise_conv1d(T, w):
+    """Values and gradients against ``conv1d`` with groups = channels on the left-padded input (float64)."""
+    from sandbox.mixers.linear import causal_conv
+    g = torch.Generator().manual_seed(T * 10 + w)
+    x = torch.randn(2, T, 6, dtype=torch.float64, generator=g, requires_grad=True)
+    wt = torch.randn(6, w, dtype=torch.float64, generator=g, requires_grad=True)
+    dy = torch.randn(2, T, 6, dtype=torch.float64, generator=g)
+    ref = torch.nn.functional.silu(torch.nn.functional.conv1d(
+        torch.nn.functional.pad(x.transpose(1, 2), (w - 1, 0)), wt[:, None, :], groups=6).transpose(1, 2))
+    gref = torch.autograd.grad(ref, (x, wt), dy)
+    y = causal_conv(x, wt)
+    assert y.dtype == torch.float64
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(y, (x, wt), dy), gref):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("field,value,match", [
     ("topk", 11, "topk"), ("topk", 0, "topk"), ("transition", "lstm", "transition"),
     ("feature_map", "tanh", "feature_map"), ("balance_alpha", 0.1, "balance_alpha"),

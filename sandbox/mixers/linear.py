@@ -94,10 +94,20 @@ class LinearConfig:
 
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Depthwise causal conv of x [B, T, C] with weight [C, w], followed by silu."""
-    w = weight.shape[-1]
-    y = F.conv1d(F.pad(x.transpose(1, 2), (w - 1, 0)), weight[:, None, :], groups=x.shape[-1])
-    return F.silu(y.transpose(1, 2))
+    """Depthwise causal conv of x [B, T, C] with weight [C, w], followed by silu, in x's dtype.
+
+    ``y_t = sum_j weight[:, j] x_{t-w+1+j}`` as w shifted multiply-adds (16-bit inputs summed in float32):
+    compiled, forward and backward are a few fused elementwise and reduction kernels. torch's depthwise
+    ``conv1d`` on the transposed input took 1.15 ms of GSA's 7.6 ms Figure 8 step on the H200, for a
+    tensor read in about 0.03 ms."""
+    w, T = weight.shape[-1], x.shape[1]
+    acc = torch.promote_types(x.dtype, torch.float32)
+    xp = F.pad(x, (0, 0, w - 1, 0)).to(acc)
+    wt = weight.to(acc)
+    y = xp[:, :T] * wt[:, 0]
+    for j in range(1, w):
+        y = y + xp[:, j:j + T] * wt[:, j]
+    return F.silu(y).to(x.dtype)
 
 
 class LinearMixer(Mixer):
