@@ -282,6 +282,10 @@ def test_categorical_x_is_not_joined_by_lines_and_titles_fit(tmp_path):
     numeric = draw(points, ["model.mixer", "model.d_model"], "model.d_model", "best_accuracy", tuned,
                    hue="model.mixer")
     assert any(len(line.get_xdata()) == 2 for line in numeric.axes[0].lines)      # numbers are joined
+    # an accuracy has the same 0..1 scale in every panel, so a panel near chance does not look like a curve
+    panels = draw(points, ["model.mixer", "model.d_model"], "model.d_model", "best_accuracy", tuned,
+                  col="model.mixer")
+    assert len(panels.axes) == 2 and {ax.get_ylim() for ax in panels.axes} == {(-0.02, 1.02)}
     fig.canvas.draw()
     box = fig._suptitle.get_window_extent(fig.canvas.get_renderer())
     assert box.x0 >= 0 and box.x1 <= fig.bbox.x1, "the title runs past the figure's edges"

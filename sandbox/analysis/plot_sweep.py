@@ -274,6 +274,8 @@ def draw(points: dict, axes: list[str], x: str, ycol: str, tuned: list[str], *, 
                 ax.set_xticks(range(len(xs)), [str(v) for v in xs], rotation=30 if len(xs) > 4 else 0)
                 ax.set_xlim(-0.5, len(xs) - 0.5)
             ax.set_ylabel(ycol)
+            if "accuracy" in ycol:      # one scale in every panel: chance and ceiling look the same everywhere
+                ax.set_ylim(-0.02, 1.02)
             ax.grid(alpha=0.3)
             if hue:
                 ax.legend(title=hue, fontsize=7, title_fontsize=7)
