@@ -14,7 +14,7 @@ of the log-gate at -8 keep every exponential finite): with gc the chunk-local cu
 Forward: ``_fwd_states`` (sequential over chunks, stores gc and every chunk-start state h_c) and
 ``_fwd_o`` (parallel over chunks). Backward: ``_bwd_states`` (the same pass in reverse: the gradient
 of every chunk-end state) and ``_bwd_chunk`` (parallel over chunks: dq, dk, ds and the gate's
-per-step term do * o - s * ds, whose reverse cumulative sum over the sequence is dg).
+per-step term do * o - s * ds, whose reverse cumulative sum over the sequence, ``_rev_cumsum``, is dg).
 The final state is returned without a gradient (the model only reads it for inspection).
 """
 from __future__ import annotations
@@ -189,6 +189,25 @@ def _bwd_chunk(q, k, s, gc, h, dh, do, o, dq, dk, ds, dG, scale, T, H, M, NT, K:
     tl.store(dk + tok[:, None] * K + o_k[None, :], b_dk, mask=m_tk)
 
 
+@triton.jit
+def _rev_cumsum(x, T, H, M, NT, C: tl.constexpr, BM: tl.constexpr):
+    """In place, x [B, T, H, M] fp32: x_t <- sum of x_u for u >= t within its sequence, chunk by chunk from
+    the end (one read and one write; torch's flip, scan along T and flip took 0.40 ms of GSA's step)."""
+    i_m, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_m = i_m * BM + tl.arange(0, BM)
+    m_m = o_m < M
+    carry = tl.zeros([BM], dtype=tl.float32)
+    for j in range(NT):
+        m_t, row = _rows(i_b, NT - 1 - j, i_h, T, H, C)
+        p = x + row[:, None] * M + o_m[None, :]
+        mask = m_t[:, None] & m_m[None, :]
+        b = tl.load(p, mask=mask, other=0.)
+        total = tl.sum(b, axis=0)
+        tl.store(p, total[None, :] - tl.cumsum(b, axis=0) + b + carry[None, :], mask=mask)
+        carry += total
+
+
 def _tiles(M: int, K: int) -> tuple[int, int]:
     BK = max(16, triton.next_power_of_2(K))
     BM = max(16, min(64, triton.next_power_of_2(M)))
@@ -227,8 +246,9 @@ def _bwd(q, k, s, gc, h, o, do, scale):
                                              num_warps=4)
     _bwd_chunk[(B * NT, H)](q, k, s, gc, h, dh, do, o, dq, dk, ds, dG, scale, T, H, M, NT, K=K, C=C, BM=BM,
                             BK=BK, num_warps=4)
-    dg = dG.flip(1).cumsum(1).flip(1)      # a step's gate scales every later score of its slot
-    return dq.to(q.dtype), dk.to(k.dtype), ds.to(s.dtype), dg
+    # a step's gate scales every later score of its slot: dg is the reverse cumulative sum of dG
+    _rev_cumsum[(triton.cdiv(M, BM), B * H)](dG, T, H, M, NT, C=C, BM=BM, num_warps=4)
+    return dq.to(q.dtype), dk.to(k.dtype), ds.to(s.dtype), dG
 
 
 # ----------------------------------------------------------------------------- torch custom ops
