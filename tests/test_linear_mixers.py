@@ -235,9 +235,12 @@ def test_short_conv_is_causal():
 
 
 @pytest.mark.parametrize("T, w", [(1, 4), (3, 4), (12, 4), (9, 2), (5, 1)])
-def test_short_conv_equals_torchs_depthwise_conv1d(T, w):
-    """Values and gradients against ``conv1d`` with groups = channels on the left-padded input (float64)."""
+def test_short_conv_under_compile_equals_torchs_depthwise_conv1d(T, w):
+    """The shifted multiply-adds that a compiled model runs: values and gradients against ``conv1d`` with
+    groups = channels on the left-padded input (float64; traced by Dynamo, run by AOTAutograd)."""
     from sandbox.mixers.linear import causal_conv
+    torch._dynamo.reset()
+    compiled = torch.compile(causal_conv, backend="aot_eager", fullgraph=True)
     g = torch.Generator().manual_seed(T * 10 + w)
     x = torch.randn(2, T, 6, dtype=torch.float64, generator=g, requires_grad=True)
     wt = torch.randn(6, w, dtype=torch.float64, generator=g, requires_grad=True)
@@ -245,7 +248,7 @@ def test_short_conv_equals_torchs_depthwise_conv1d(T, w):
     ref = torch.nn.functional.silu(torch.nn.functional.conv1d(
         torch.nn.functional.pad(x.transpose(1, 2), (w - 1, 0)), wt[:, None, :], groups=6).transpose(1, 2))
     gref = torch.autograd.grad(ref, (x, wt), dy)
-    y = causal_conv(x, wt)
+    y = compiled(x, wt)
     assert y.dtype == torch.float64
     torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
     for a, b in zip(torch.autograd.grad(y, (x, wt), dy), gref):

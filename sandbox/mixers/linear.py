@@ -96,11 +96,15 @@ class LinearConfig:
 def causal_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Depthwise causal conv of x [B, T, C] with weight [C, w], followed by silu, in x's dtype.
 
-    ``y_t = sum_j weight[:, j] x_{t-w+1+j}`` as w shifted multiply-adds (16-bit inputs summed in float32):
-    compiled, forward and backward are a few fused elementwise and reduction kernels. torch's depthwise
-    ``conv1d`` on the transposed input took 1.15 ms of GSA's 7.6 ms Figure 8 step on the H200, for a
-    tensor read in about 0.03 ms."""
+    Eager: torch's depthwise ``conv1d``. Traced by ``torch.compile``: ``y_t = sum_j weight[:, j] x_{t-w+1+j}``
+    as w shifted multiply-adds (16-bit inputs summed in float32), which compile fuses with the silu into a
+    few elementwise and reduction kernels. (On the H200 ``conv1d`` took 1.15 ms of GSA's 7.6 ms compiled
+    Figure 8 step, for a tensor read in about 0.03 ms; eager, the shifted form would write w float32
+    copies of x instead.)"""
     w, T = weight.shape[-1], x.shape[1]
+    if not torch.compiler.is_compiling():
+        y = F.conv1d(F.pad(x.transpose(1, 2), (w - 1, 0)), weight[:, None, :], groups=x.shape[-1])
+        return F.silu(y.transpose(1, 2))
     acc = torch.promote_types(x.dtype, torch.float32)
     xp = F.pad(x, (0, 0, w - 1, 0)).to(acc)
     wt = weight.to(acc)
