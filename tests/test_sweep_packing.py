@@ -100,7 +100,7 @@ def test_near_a_time_limit_a_worker_stacks_only_what_finishes(tmp_path):
     fresh = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
     assert len(fresh.claim()) == 3
     # a later worker starts from the paces its peers recorded: the d_model 32 point has none of its own
-    # nor of its family (another width), so it is taken at half the slowest known pace, 5 trial-steps/s
+    # nor of its family, so it takes d_model 16's over the ratio of widths, 5 trial-steps/s
     packing.record_pace(tmp_path / "out", {key: (family, 10.0)})
     late = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
     assert len(late.claim()) == 1            # 30 + 1.5 x 100 / 5 = 60 s fits in 70; the one trial left
@@ -110,7 +110,7 @@ def test_a_fresh_worker_sizes_its_claims_from_the_groups_the_sweep_finished_befo
     """A new launch (a fresh machine) has no records of its own: the completed trials' groups give the pace.
     The d_model 16 point's three trials finished as a stack of 3 x 100 steps in 30 s (10 trial-steps/s). Its
     kind is then known; the d_model 32 point's is not, so it is sized at half of that: at 5 trial-steps/s one
-    trial takes 30 + 1.5 x 100 / 5 = 60 s, two 90 s."""
+    trial takes 30 + 1.5 x 100 / 5 = 60 s, two 90 s (d_model 16's pace over the ratio of widths)."""
     from sandbox.sweep.worker import _Worker
     study = _study(tmp_path)
     w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3)
@@ -123,6 +123,25 @@ def test_a_fresh_worker_sizes_its_claims_from_the_groups_the_sweep_finished_befo
     assert len(fresh.claim()) == 1
     roomier = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 100)
     assert len(roomier.claim()) == 2
+
+
+def test_a_kind_guessed_too_slow_for_the_limit_is_measured_alone_at_a_launchs_start(tmp_path):
+    """A kind with no pace of its own is sized by a guess. Where nothing fits at a launch's start, a worker
+    trains one trial of such a kind alone (and measures it) instead of leaving it queued for ever; a kind
+    whose own pace says it does not fit stays queued, and so does everything once the worker has worked."""
+    from sandbox.sweep.worker import _Worker
+    study = _study(tmp_path)
+    w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 60)
+    small, big = study.get_trials()[0], study.get_trials()[3]                 # d_model 16, d_model 32
+    key16, fam16, _ = w._kind(small)
+    assert w._kind(big)[0] != key16
+    w.paces = {key16: (fam16, 1.0)}          # d_model 16: 30 + 1.5 x 100 / 1 = 180 s; d_model 32 guessed at 0.5
+    group = w.claim()
+    assert [study._storage.get_trial(t).user_attrs["grid"] for t in group] == [big.user_attrs["grid"]]
+    assert w.claim() == [] and w.out_of_time             # one probe; a worker that has worked does not probe
+    measured = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 60)
+    measured.paces = {key16: (fam16, 1.0), w._kind(big)[0]: (w._kind(big)[1], 1.0)}
+    assert measured.claim() == [] and measured.out_of_time                # measured too slow: stays queued
 
 
 def test_an_unmeasured_kind_of_stack_takes_its_familys_slowest_pace():

@@ -14,7 +14,8 @@ it, a stack is retried in halves. Between groups a worker hands its cached GPU m
 
 With ``--until`` (a time limit) it only takes trials that finish before it at the pace measured for their
 kind of stack (``packing.fits``, ``packing.pace_for``; stacks shrink near the end), and exits with
-``EXIT_TIME_LIMIT`` when none does.
+``EXIT_TIME_LIMIT`` when none does. Where nothing fits before it has taken any work, it trains one trial
+of a kind with no pace of its own alone: that kind's size was a guess, and the run measures it.
 
 A diverging, out-of-memory or raising trial is recorded as failed with its reason and
 the worker goes on. SIGINT/SIGTERM (or the launcher dying) interrupts the running
@@ -51,6 +52,7 @@ class _Worker:
         self.until = until                  # epoch seconds by which claimed work must be done (None: no limit)
         self.paces: dict[str, tuple[str, float]] = {}   # stack key -> (family, trial-steps/s) this worker measured
         self.out_of_time = False
+        self.claimed = False                # whether this worker took any work in this launch
         self._keys: dict[int, tuple[str | None, int | None]] = {}      # number -> (stack key, steps left)
         self._kinds: dict[int, tuple[str | None, str, int | None]] = {}  # number -> (stack key, family, steps)
 
@@ -80,12 +82,23 @@ class _Worker:
             first = self._claim_one(lambda t: self._stack_key(t) not in busy and fits(t, 0))
         if first is None:
             first = self._claim_one(lambda t: fits(t, 0))
+        if first is None and self.until is not None and not self.claimed:
+            # nothing fits at a launch's start: a kind never measured is only a guess (sized from another
+            # width's or mixer's pace, which may be stale), so train one trial of it alone and measure it
+            # (MetaLA d256, guessed from a part-1 pace 8x below today's, fit no call at all)
+            own = self._paces()
+            first = self._claim_one(lambda t: self._kind(t)[0] not in own and self._kind(t)[0] is not None
+                                    and packing.fits(0, None, self.until - time.time()))
+            if first is not None:
+                self.claimed = True
+                return [first]
         if first is None:
             self.out_of_time = self.until is not None and bool(trials_in(self.study, (TrialState.WAITING,)))
             return []
         t = self.study._storage.get_trial(first)
         key, used = self._stack_key(t), self._steps_left(t) or 0
         group = [first]
+        self.claimed = True
         while key is not None and len(group) < self.stack:
             tid = self._claim_one(lambda t: self._stack_key(t) == key and fits(t, used))
             if tid is None:
