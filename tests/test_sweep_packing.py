@@ -125,6 +125,21 @@ def test_a_fresh_worker_sizes_its_claims_from_the_groups_the_sweep_finished_befo
     assert len(roomier.claim()) == 2
 
 
+def test_the_latest_group_of_a_kind_gives_its_pace(tmp_path):
+    """Two groups of one kind finished one after the other, the first at 2, the second at 10 trial-steps/s:
+    the pace is the second's (the code and the runner change between launches), whichever is slower."""
+    from sandbox.sweep.worker import _Worker
+    study = _study(tmp_path)
+    w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=1)
+    for wall in (50.0, 10.0):                       # 100 steps alone: 2, then 10 trial-steps/s
+        (tid,) = w.claim()
+        study._storage.set_trial_user_attr(tid, "result", {"steps": 100, "replicas": 1, "wall_time_s": wall})
+        study.tell(study._storage.get_trial(tid).number, 0.5)
+        time.sleep(0.01)
+    key, family, _ = w._kind(study.get_trials()[0])
+    assert w._paces() == {key: (family, 10.0)}
+
+
 def test_a_kind_guessed_too_slow_for_the_limit_is_measured_alone_at_a_launchs_start(tmp_path):
     """A kind with no pace of its own is sized by a guess. Where nothing fits at a launch's start, a worker
     trains one trial of such a kind alone (and measures it) instead of leaving it queued for ever; a kind

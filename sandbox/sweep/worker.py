@@ -123,17 +123,21 @@ class _Worker:
 
     def _paces(self) -> dict[str, tuple[str, float]]:
         """Paces by stack key: the groups the sweep completed before (a completed trial's steps x replicas over
-        its group's wall time; the slowest per key), overridden by this launch's (its workers' records)."""
+        its group's wall time; per key the latest, as the code and the runner change between launches: the
+        slowest of Figure 8's MetaLA d128 was a lone trial among 14 time-sliced workers of the first runner,
+        at 14 trial-steps/s, where its later stacks ran at 100-112), overridden by this launch's (its
+        workers' records)."""
         from optuna.trial import TrialState
         paces: dict[str, tuple[str, float]] = {}
-        for t in trials_in(self.study, (TrialState.COMPLETE,)):
+        done = [t for t in trials_in(self.study, (TrialState.COMPLETE,)) if t.datetime_complete is not None]
+        for t in sorted(done, key=lambda t: t.datetime_complete):
             res = t.user_attrs.get("result") or {}
             try:
                 rate = float(res["steps"]) * int(res.get("replicas") or 1) / float(res["wall_time_s"])
             except (KeyError, TypeError, ValueError, ZeroDivisionError):
                 continue
             key, family, _ = self._kind(t)
-            if key is not None and (key not in paces or rate < paces[key][1]):
+            if key is not None:
                 paces[key] = (family, rate)
         paces.update(packing.known_paces(self.dir))
         paces.update(self.paces)
