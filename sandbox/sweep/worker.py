@@ -86,9 +86,9 @@ class _Worker:
             # nothing fits at a launch's start: a kind never measured is only a guess (sized from another
             # width's or mixer's pace, which may be stale), so train one trial of it alone and measure it
             # (MetaLA d256, guessed from a part-1 pace 8x below today's, fit no call at all)
-            own = self._paces()
-            first = self._claim_one(lambda t: self._kind(t)[0] not in own and self._kind(t)[0] is not None
-                                    and packing.fits(0, None, self.until - time.time()))
+            measured = set(self._paces()) | {None}        # kinds with a pace of their own (None: invalid)
+            if packing.fits(0, None, self.until - time.time()):
+                first = self._claim_one(lambda t: self._kind(t)[0] not in measured)
             if first is not None:
                 self.claimed = True
                 return [first]
