@@ -14,7 +14,10 @@
 #   sweep FILE [ARGS]        `sandbox sweep FILE --out sweeps_out/NAME --time-limit SWEEP_SECONDS ARGS` (resumes;
 #                            default 500 s, inside a call's 10 minutes: only trials that finish in time start);
 #                            tars the directory as results/NAME without checkpoints. Chain calls while the
-#                            machine is warm: it keeps the checkpoints of any trial the limit stopped.
+#                            machine is warm: it keeps the checkpoints of any trial the limit stopped. Untar
+#                            each call's results/NAME into the checkout before the next call: a machine taken
+#                            back in between is replaced by a fresh one that starts from the checkout's copy,
+#                            and two journals that went apart cannot be merged.
 #   inspect DIR...           `sandbox inspect DIR --device cuda` of each run directory (one with checkpoint.pt,
 #                            e.g. sweeps_out/NAME/trials/N-xxxx on a warm machine after a sweep call); tars the
 #                            pictures, inspect.md and summary.json of each as inspect/<N-xxxx>/. A figure's sweep
