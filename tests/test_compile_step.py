@@ -40,21 +40,65 @@ def test_compiling_pays_only_for_a_long_enough_rest_of_the_run():
 
 
 def test_a_second_stack_of_the_same_shapes_reuses_the_compilation_from_the_cache():
-    """A sweep worker compiles one stack after another (``compile_now`` drops Dynamo's own cache each time): a
-    stack with the shapes of an earlier one must find its forward and backward in AOTAutograd's cache, not
-    compile them again. Mixed precision and the attention-kernel choice traced inside the compiled function
+    """A process that compiles a stack (a sweep worker after dropping Dynamo's cache, the precompile helper) must
+    find the forward and backward of a stack with the shapes of an earlier one in AOTAutograd's on-disk cache,
+    not compile them again. Mixed precision and the attention-kernel choice traced inside the compiled function
     used to make AOTAutograd bypass its cache."""
     from torch._dynamo.utils import counters
+
+    from sandbox.train.step import forget_compilations
 
     data = copy.deepcopy(BASE)
     data["train"].update(precision="bf16")
     for _ in range(2):
+        forget_compilations()          # as a new process would: only the on-disk caches are left
         counters.clear()
         g = Group([load_config(data=data, overrides=[f"train.lr={lr}"]) for lr in (1e-3, 3e-3)])
         g.step.compile_now()
         g.step(*g.batch(0))
     assert counters["aot_autograd"]["autograd_cache_hit"] == 1, dict(counters["aot_autograd"])
     assert counters["aot_autograd"]["autograd_cache_bypass"] == 0
+
+
+def test_a_second_stack_of_a_kind_compiled_in_this_process_compiles_nothing_and_trains_its_own_weights():
+    """A sweep worker's later stack of a kind it compiled before reuses that compilation: Dynamo's guards must
+    pass for the new models (nothing compiled), and the reused code must train the new models' weights, as
+    the eager step does (float64), not the first stack's. The first stack's models must not be kept alive."""
+    import gc
+    import weakref
+
+    from torch._dynamo.utils import counters
+
+    from sandbox.train.step import compiled_before, forget_compilations
+
+    def group(seed):
+        return Group([load_config(data=copy.deepcopy(BASE), overrides=[f"seed={seed}", f"train.lr={lr}"])
+                      for lr in (1e-3, 3e-3)])
+
+    forget_compilations()
+    first = group(0)
+    assert not compiled_before(first.step.kind)
+    first.step.compile_now()
+    for s in range(3):
+        first.step(*first.batch(s))
+    gone = weakref.ref(first.models[0])
+    del first
+    gc.collect()
+    assert gone() is None, "the compilation keeps the first stack's model alive"
+
+    counters.clear()
+    second, eager = group(1), group(1)
+    assert compiled_before(second.step.kind)
+    second.step.compile_now()
+    for s in range(6):
+        second.step(*second.batch(s))
+        eager.step(*eager.batch(s))
+    assert counters["stats"]["unique_graphs"] == 0, dict(counters["stats"])
+    for a, b in zip(eager.models, second.models):
+        for (name, p), q in zip(a.named_parameters(), b.parameters()):
+            torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7, msg=name)
+    other = Group([load_config(data=copy.deepcopy(BASE), overrides=["model.d_model=8"])])
+    assert not compiled_before(other.step.kind)
 
 
 def test_a_helper_process_compiles_the_step_so_the_stack_only_traces_it(tmp_path, monkeypatch):

@@ -163,6 +163,42 @@ def test_stacked_replicas_follow_solo_runs_on_the_gpu(tmp_path, model):
         assert a == pytest.approx(b, rel=2e-2), (i, a, b)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16, CUDA graph and Triton kernels need a GPU")
+def test_a_stack_of_a_kind_this_process_compiled_starts_compiled_on_the_gpu(tmp_path):
+    """train.compile: auto. After a stack of a kind has compiled, the next stack of that kind (other seed and
+    learning rates) compiles from its first step at no cost, and trains as it does compiled from scratch."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from sandbox.train.step import forget_compilations
+
+    data = {"task": {"name": "mqar", "seq_len": 128, "num_kv_pairs": 8, "vocab_size": 8192},
+            "model": {"mixer": "gla", "d_model": 64, "n_layers": 2, "n_heads": 2, "gla": {"conv_size": 4}},
+            "train": {"steps": 100, "batch_size": 64, "eval_every": 50, "log_every": 25, "early_stop": None}}
+
+    def stack(seed, compile, out):
+        cfgs = [load_config(data=copy.deepcopy(data), overrides=[f"seed={seed}", f"train.lr={lr}",
+                                                                   f"train.compile={compile}"]) for lr in (1e-3, 3e-3)]
+        res = train_replicas(cfgs, [tmp_path / out / str(i) for i in range(2)], progress=False)
+        losses = []
+        for i in range(2):
+            acc = EventAccumulator(str(tmp_path / out / str(i)))
+            acc.Reload()
+            losses.append([e.value for e in acc.Scalars("train/loss")])
+        return res, losses
+
+    forget_compilations()
+    first, _ = stack(0, "auto", "first")
+    assert first[0]["compiled_at"] is None          # 100 steps do not pay for compiling
+    stack(0, "true", "compiled")
+    reused, a = stack(1, "auto", "reused")
+    assert [r["compiled_at"] for r in reused] == [0, 0]
+    forget_compilations()
+    fresh, b = stack(1, "true", "fresh")
+    for i in range(2):
+        assert a[i] == pytest.approx(b[i], rel=2e-2), (i, a[i], b[i])
+    print(f"start-up: reused {reused[0]['setup_s']:.1f} s, compiled afresh {fresh[0]['setup_s']:.1f} s")
+
+
 def test_the_device_schedule_is_the_python_one():
     from sandbox.train.step import lr_factor, lr_lambda
 

@@ -8,6 +8,7 @@ replicas mostly stopped.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import torch
@@ -15,7 +16,7 @@ import torch
 from sandbox.config import RunConfig, to_dict
 from sandbox.model import LanguageModel
 from sandbox.tasks import TrainBatches, make_task
-from sandbox.train.step import Step, graph_safe
+from sandbox.train.step import Step, compiled_before, graph_safe
 
 
 def resolve_device(name: str) -> torch.device:
@@ -47,12 +48,15 @@ def use_cuda_graph(setting, device: torch.device, model) -> bool:
     return bool(setting)
 
 
-def use_compile(setting, device: torch.device, model) -> bool | str:
+def use_compile(setting, device: torch.device, model, kind=None) -> bool | str:
     """``train.compile``: true compiles from the first step; auto (on CUDA when every mixer is graph-safe,
-    i.e. has static shapes) starts uncompiled and compiles once ``worth_compiling`` says the run is long
-    enough; returns "auto" then."""
+    i.e. has static shapes) compiles from the first step where this process compiled a step of the same
+    ``kind`` before (it costs nothing then), else starts uncompiled and compiles once ``worth_compiling``
+    says the run is long enough; returns "auto" then."""
     if setting == "auto":
-        return "auto" if device.type == "cuda" and graph_safe(model) else False
+        if not (device.type == "cuda" and graph_safe(model)):
+            return False
+        return True if compiled_before(kind) else "auto"
     return bool(setting)
 
 
@@ -104,13 +108,17 @@ class Group:
             raise ValueError(f"train_replicas: mixer(s) {', '.join(names)} cannot train stacked (not graph-safe)")
         self.bf16 = tc.precision == "bf16" or (tc.precision == "auto" and device.type == "cuda")
         self.graph = use_cuda_graph(tc.cuda_graph, device, self.models[0])
-        compile = use_compile(tc.compile, device, self.models[0])
+        # a seed's task gives its replicas the same batches: one pool per seed
+        self.seeds = [c.seed for c in cfgs]
+        # what the compiled step depends on besides the weights: the configuration (whatever train.compile
+        # says), the number of replicas, and whether they share one batch ([B, T]) or have one each ([R, B, T])
+        kind = (stack_key(dataclasses.replace(cfgs[0], train=dataclasses.replace(tc, compile=None))),
+                len(cfgs), len(set(self.seeds)) == 1)
+        compile = use_compile(tc.compile, device, self.models[0], kind)
         self.compile_later = compile == "auto"
         self.step = Step(self.models, [c.train for c in cfgs], per_row=getattr(self.tasks[0], "max_targets", None),
                          autocast_dtype=torch.bfloat16 if self.bf16 else None,
-                         capture_after=2 if self.graph else None, compile=compile is True)
-        # a seed's task gives its replicas the same batches: one pool per seed
-        self.seeds = [c.seed for c in cfgs]
+                         capture_after=2 if self.graph else None, compile=compile is True, kind=kind)
         self.pools = {seed: TrainBatches(self.tasks[self.seeds.index(seed)], tc.batch_size, tc.steps)
                       for seed in dict.fromkeys(self.seeds)}
 

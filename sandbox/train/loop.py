@@ -210,6 +210,9 @@ def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
         run.load(opt, device)
     start = runs[0].state["step"]           # train_replicas groups the runs by their checkpoints' step
     step.start_at(start)
+    if step.compiled:                       # train.compile: true, or a kind this process compiled before
+        for run in runs:
+            run.compiled_at = start
 
     active = list(range(R))
     title = cfgs[0].name or f"{'+'.join(dict.fromkeys(cfgs[0].model.layer_mixers()))} d{cfgs[0].model.d_model}"
