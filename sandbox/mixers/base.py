@@ -5,7 +5,9 @@ mixer names a config dataclass; the YAML section ``model.<mixer name>`` is parse
 into it, so every mixer owns its fields and the loader validates them strictly.
 
 Optional extras a mixer may override:
-  * ``aux_loss()``  -> scalar tensor added to the training loss (balance losses, penalties);
+  * ``aux_loss()``  -> scalar tensor added to the training loss (balance losses, penalties), the term of
+    the last forward handed over once (a second call gives None): a stack of replicas reads it under vmap,
+    and a vmapped tensor left on the module would escape the compiled step (Inductor cannot take it);
   * ``state_size(seq_len)`` -> recurrent state size in elements per sequence;
   * ``graph_safe()`` -> True when a training step with this mixer may be a CUDA graph;
   * capture: while ``self.capture`` is a dict, ``forward`` stores analysis tensors in it

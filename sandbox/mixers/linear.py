@@ -282,7 +282,8 @@ class LinearMixer(Mixer):
         return self.finish(self.recur(p), x, p)
 
     def aux_loss(self):
-        return self._aux
+        aux, self._aux = self._aux, None   # handed over once (base.py)
+        return aux
 
     def graph_safe(self) -> bool:
         return True  # fixed shapes; the kernels' only host reads are on the varlen path

@@ -191,7 +191,8 @@ class LearnableTokenEviction(HeadAttention):
         self.lam_step += 1
 
     def aux_loss(self) -> torch.Tensor | None:
-        return self._aux
+        aux, self._aux = self._aux, None   # handed over once (base.py)
+        return aux
 
     def state_size(self, seq_len: int) -> int:
         """The inference cache: window + sinks + cap KV pairs per head."""

@@ -129,7 +129,8 @@ class PartitionedMixer(Mixer):
         self.record("final_state", S.permute(0, 2, 1, 3, 4).reshape(B, self.H, P * self.K, self.V))
 
     def aux_loss(self):
-        return self._aux
+        aux, self._aux = self._aux, None   # handed over once (base.py)
+        return aux
 
     def graph_safe(self) -> bool:
         # masking has fixed shapes; varlen sorts the routed tokens (data-dependent sizes)

@@ -54,10 +54,9 @@ def route(logits: torch.Tensor, k: int, k_read: int, write_gate: bool, read_gate
     A gated side weighs its partitions by the softmax of the logits over that side's selected
     partitions; an ungated side uses ``ungated_write`` (writes) or 1 (reads)."""
     top = logits.topk(max(k, k_read), dim=-1).indices
-    masks = []
-    for n_sel in (k, k_read):
-        masks.append(torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, top[..., :n_sel], True))
-    wmask, rmask = masks
+    # masks by comparison: vmap has no batching rule for scatter_ and would loop over a stack's replicas
+    part = torch.arange(logits.shape[-1], device=logits.device)
+    wmask, rmask = ((top[..., :n_sel, None] == part).any(-2) for n_sel in (k, k_read))
     gated = lambda m: logits.masked_fill(~m, float("-inf")).softmax(-1)  # noqa: E731
     write = gated(wmask) if write_gate else wmask.to(logits.dtype) * ungated_write
     read = gated(rmask) if read_gate else rmask.to(logits.dtype)
