@@ -20,6 +20,7 @@ CASES = {
     "arxiv_form": dict(n=3, k=1, read_topk=2, gate="none", row_topk=2, key_map="silu"),
     "gdn_separate": dict(n=3, k=2, read_topk=1, gate="write", transition="gated_deltanet",
                          shared_params=False, shared_partition=False),
+    "separate_conv": dict(n=3, k=1, shared_params=False, conv_size=3),
     "gdn_rows": dict(n=4, k=2, read_topk=3, gate="read", transition="gated_deltanet", row_topk=3),
 }
 
@@ -39,6 +40,10 @@ def naive_sse(m: SSE, x):
     qs, ls, vs = [p["q"]] * N, [p["k"]] * N, [p["v"]] * N
     if not cfg.shared_params and N > 1:
         extra = x @ m.part_qkv.weight.T
+        if cfg.conv_size:   # causal: y_t = silu(sum_j w_j x_{t-w+1+j}), zeros before the start
+            w = m.part_conv
+            extra = F.silu(sum(w[:, j] * F.pad(extra, (0, 0, w.shape[1] - 1 - j, 0))[:, :T]
+                               for j in range(w.shape[1])))
         for i in range(1, N):
             chunk = extra[..., (i - 1) * H * (2 * K + V): i * H * (2 * K + V)].reshape(B, T, H, 2 * K + V)
             qs[i], ls[i], vs[i] = chunk[..., :K], chunk[..., K:2 * K], chunk[..., 2 * K:]
@@ -157,12 +162,12 @@ def test_unselected_partitions_untouched_and_final_state_layout():
     assert torch.equal(cap["gates"] != 0, keys != 0), "decay exactly where written (expanded rows)"
 
 
-@pytest.mark.parametrize("row_topk", [None, 2])
-def test_n1_k1_without_shared_partition_is_topk_gla(row_topk):
+@pytest.mark.parametrize("row_topk,conv_size", [(None, 0), (2, 0), (2, 4)])
+def test_n1_k1_without_shared_partition_is_topk_gla(row_topk, conv_size):
     x, w = inputs(T=30)
     torch.manual_seed(0)
-    gla = build_mixer("gla", CTX, GLAConfig(topk=row_topk or 4, impl="torch")).double()
-    sse = make_sse(n=1, k=1, shared_partition=False, row_topk=row_topk, kernel="torch")
+    gla = build_mixer("gla", CTX, GLAConfig(topk=row_topk or 4, conv_size=conv_size, impl="torch")).double()
+    sse = make_sse(n=1, k=1, shared_partition=False, row_topk=row_topk, conv_size=conv_size, kernel="torch")
     sse.core.load_state_dict(gla.state_dict())
     ya, gxa, _ = run(gla, x, w)
     yb, gxb, _ = run(sse, x, w)
@@ -238,6 +243,7 @@ BASE = {"task": {"name": "mqar", "seq_len": 32, "num_kv_pairs": 2, "vocab_size":
     ("sse", "transition", {"transition": "delta"}),
     ("sse", "impl", {"impl": "chunked"}),
     ("sse", "expand_k", {"expand_k": 0}),
+    ("sse", "conv_size", {"conv_size": -1}),
     ("mom", "k", {"n": 2, "k": 4}),
     ("sla", "base", {"base": "mamba2"}),
 ])

@@ -27,12 +27,14 @@ SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
 FIGURES = {          # figure (= study name) -> its sweep files, in the order they are run
     "sse_fig8_topk": ["sse_fig8_topk", "sse_fig8_topk_widths"],
     "sse_state_scaling": ["sse_state_scaling"],
+    "sse_state_scaling_conv": ["sse_state_scaling_conv"],
     "sse_ablations": ["sse_ablations"],
     "sla_heads": ["sla_heads"],
     "zoology_fig2": ["zoology_fig2", "zoology_fig2_sse_gdn"],
 }
 FILES = [f for files in FIGURES.values() for f in files]
 SEEDS = {"sse_fig8_topk": [0, 1, 2], "sse_fig8_topk_widths": [0], "sse_state_scaling": [0, 1, 2],
+         "sse_state_scaling_conv": [0, 1, 2],
          "sse_ablations": [0, 1, 2, 3, 4], "sla_heads": [0, 1, 2]}   # zoology: one seed, no seed axis
 
 
@@ -116,12 +118,11 @@ def test_the_parts_of_a_figure_fill_one_study_without_overlapping(figure):
     assert len(ids) == len(set(ids))
 
 
-def test_sse_and_sla_have_no_short_convolution_option_yet():
-    """The figure headers say SSE and SLA rows run without conv because these mixers have no
-    conv_size option. If one is added, update those headers (and results/README.md) and decide
-    the protocol again before running."""
-    assert not has_conv("sse") and not has_conv("sla")
-    assert has_conv("gla") and has_conv("metala") and has_conv("gsa") and has_conv("gated_deltanet")
+def test_sla_has_no_short_convolution_option_yet():
+    """sla_heads' header says its SLA rows run without conv because SLA has no conv_size option. If one
+    is added, update that header (and results/README.md) and decide the protocol again before running."""
+    assert not has_conv("sla")
+    assert all(has_conv(m) for m in ("gla", "metala", "gsa", "gated_deltanet", "sse"))
 
 
 def test_fig8_is_three_seeds_at_d128_one_seed_elsewhere_conv_on_but_one_column():
@@ -161,6 +162,19 @@ def test_state_scaling_covers_n_k_up_to_8_and_three_gla_references():
         assert t.noise > 0 and t.num_kv_pairs >= mixer_config_class("gla")().state_rows(m.d_model, m.n_heads)
     assert pairs == {(n, k) for n in (1, 2, 4, 8) for k in (1, 2, 4, 8) if k <= n}
     assert gla == {(None, 0), (None, 4), (8, 0)}
+    assert {conv(cfg) for _, cfg in configs("sse_state_scaling") if cfg.model.mixer == "sse"} == {0}
+
+
+def test_state_scaling_with_conv_is_the_first_file_with_conv_4_on_every_row():
+    def task(cfg):
+        return repr((cfg.task.params, cfg.model.d_model, cfg.model.n_heads, cfg.model.channel_mixer, cfg.train))
+    first = {(task(cfg), cfg.seed) for _, cfg in configs("sse_state_scaling")}
+    rows = set()
+    for _, cfg in configs("sse_state_scaling_conv"):
+        m = cfg.model
+        assert conv(cfg) == 4 and (task(cfg), cfg.seed) in first
+        rows.add(("sse", m.options("sse").n, m.options("sse").k) if m.mixer == "sse" else ("gla", m.options("gla").topk))
+    assert rows == {("sse", n, k) for n in (1, 2, 4, 8) for k in (1, 2, 4, 8) if k <= n} | {("gla", None), ("gla", 8)}
 
 
 def test_ablations_change_one_option_at_a_time_from_the_default():
@@ -172,8 +186,15 @@ def test_ablations_change_one_option_at_a_time_from_the_default():
     assert {v[0] for v in variants} == {"softmax", "silu"}
     assert {v[1] for v in variants} == {True, False}
     assert {v[2] for v in variants} == {"none", "write", "read", "write_read"}
-    assert {(cfg.model.mixer, cfg.model.options("sse").n, cfg.model.options("sse").k)
-            for _, cfg in configs("sse_ablations")} == {("sse", 4, 1)}
+    assert {(cfg.model.mixer, cfg.model.options("sse").n, cfg.model.options("sse").k, conv(cfg))
+            for _, cfg in configs("sse_ablations")} == {("sse", 4, 1, 4)}
+    default = [cfg for _, cfg in configs("sse_ablations") if cfg.model.options("sse").key_map == "softmax"
+               and cfg.model.options("sse").shared_params and cfg.model.options("sse").gate == "write_read"]
+    n4k1 = [cfg for _, cfg in configs("sse_state_scaling_conv")
+            if cfg.model.mixer == "sse" and (cfg.model.options("sse").n, cfg.model.options("sse").k) == (4, 1)]
+    same = lambda c: (c.task, c.model.d_model, c.model.n_heads, c.model.channel_mixer,   # noqa: E731
+                      c.model.options("sse"), c.train, c.seed)                           # (the name differs)
+    assert {repr(same(c)) for c in n4k1} <= {repr(same(c)) for c in default}
     scaling = {(cfg.task.params.seq_len, cfg.task.params.num_kv_pairs, cfg.task.params.noise, cfg.model.d_model)
                for _, cfg in configs("sse_state_scaling")}
     assert {(cfg.task.params.seq_len, cfg.task.params.num_kv_pairs, cfg.task.params.noise, cfg.model.d_model)
@@ -204,12 +225,12 @@ def test_zoology_grid_is_the_classic_one_for_five_models_up_to_d256():
         assert m.n_heads == 1 and m.channel_mixer == "none"
         assert cfg.train.steps == steps[(t.seq_len, t.num_kv_pairs)]
         c = conv(cfg)
-        assert c == (None if name in ("attention", "sse") else 0 if (name, m.d_model) == ("gla", 128) and
+        assert c == (None if name == "attention" else 0 if (name, m.d_model) == ("gla", 128) and
                      p.grid["model.gla.conv_size"] == 0 else 4)
         seen.add((t.seq_len, t.num_kv_pairs, m.d_model, name, c, p.tune["train.lr"]))
     lrs = spec("zoology_fig2").tune_lists["train.lr"]
     assert [round(math.log10(x), 2) for x in lrs] == pytest.approx([-4, -10 / 3, -8 / 3, -2], abs=0.01)
-    models = {"attention": None, "gla": 4, "gla_topk": 4, "sse": None, "gated_deltanet": 4}
+    models = {"attention": None, "gla": 4, "gla_topk": 4, "sse": 4, "gated_deltanet": 4}
     want = {(T, kv, d, m, c, lr) for (T, kv), d, (m, c), lr
             in itertools.product(steps, (64, 128, 256), models.items(), lrs)}
     want |= {(T, kv, 128, "gla", 0, lr) for (T, kv), lr in itertools.product(steps, lrs)}   # the conv-off column

@@ -156,7 +156,21 @@ def test_state_scaling_claims(tmp_path):
     at_chance = [sse(n, k, [0.01, 0.02, 0.01]) for n, k in [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4),
                                                             (8, 1), (8, 2), (8, 4), (8, 8)]]
     for claim in verdicts(write_rows(tmp_path, "sse_state_scaling", 32, at_chance + cells[-1:]))[:3]:
-        assert claim.verdict() == "inconclusive (no signal without conv)"
+        assert claim.verdict() == "inconclusive (every SSE cell at chance)"
+
+
+def test_state_scaling_with_conv_compares_k_equal_n_with_the_gla_row_of_that_file(tmp_path):
+    """sse_state_scaling_conv has conv 4 on every row and no conv column: claim 3 takes its one dense GLA row."""
+    level = {1: 0.22, 2: 0.27, 4: 0.5, 8: 0.8}
+    cells = [({"model.mixer": "sse", "model.sse.n": n, "model.sse.k": k, "model.gla.topk": None},
+              [level[n] + e for e in (0.0, 0.01, 0.02)])
+             for n, k in [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (8, 4), (8, 8)]]
+    gla = ({"model.mixer": "gla", "model.gla.topk": None}, [0.49, 0.5, 0.51])
+    topk = ({"model.mixer": "gla", "model.gla.topk": 8}, [0.01, 0.02, 0.03])
+    three = verdicts(write_rows(tmp_path, "sse_state_scaling_conv", 32, cells + [gla, topk]))[2]
+    assert "with conv" in three.name
+    assert [o for _, _, o in three.items] == ["not alike", "not alike", "alike", "not alike"]
+    assert three.verdict() == "does not hold"
 
 
 def ablation(accs, key_map="softmax", shared=True, gate="write_read"):

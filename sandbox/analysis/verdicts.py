@@ -245,10 +245,10 @@ def _sse(t: Table, n: int, k: int, seeds: int = 3, **where) -> Cell | None:
     return t.cell(seeds, **{"model.mixer": "sse", "model.sse.n": n, "model.sse.k": k, **where})
 
 
-def _no_signal_without_conv(t: Table, cells: list[Cell | None], claim: Claim) -> bool:
-    """The figure's rule: every SSE cell at chance makes each claim inconclusive (SSE has no convolution)."""
+def _no_signal(t: Table, cells: list[Cell | None], claim: Claim) -> bool:
+    """The figure's rule: every SSE cell at chance makes each claim inconclusive."""
     if cells and all(c is not None and t.at_chance(c) for c in cells):
-        claim.verdicts = {"inconclusive (no signal without conv)"}
+        claim.verdicts = {"inconclusive (every SSE cell at chance)"}
         return True
     return False
 
@@ -276,7 +276,7 @@ def scaling_n(t: Table) -> Claim:
         return judge(o.count("gain") >= 2 and o.count("loss") == 0,
                      o.count("loss") >= 1 or (o.count("gain") == 0 and sum(x != "no signal" for x in o) >= 2))
     claim.decide(STEP_OUTCOMES, rule)
-    _no_signal_without_conv(t, [_sse(t, n, k) for n, k in SSE_GRID], claim)
+    _no_signal(t, [_sse(t, n, k) for n, k in SSE_GRID], claim)
     return claim
 
 
@@ -296,13 +296,15 @@ def scaling_ratio(t: Table) -> Claim:
         return judge(all(g == "gain" and sat for g, sat in o),
                      any(g == "reversed" for g, _ in o) or not any(sat for _, sat in o))
     claim.decide(tuple(itertools.product(("gain", "reversed", "neither"), (True, False))), rule)
-    _no_signal_without_conv(t, [_sse(t, n, k) for n, k in SSE_GRID], claim)
+    _no_signal(t, [_sse(t, n, k) for n, k in SSE_GRID], claim)
     return claim
 
 
 def scaling_full(t: Table) -> Claim:
-    claim = Claim("3: k = n is like GLA without conv (3 seeds)")
-    gla = t.cell(3, **{"model.mixer": "gla", "model.gla.conv_size": 0, "model.gla.topk": None})
+    """Against the GLA row with SSE's convolution setting (``sse_state_scaling``: none; ``_conv``: 4, its only one)."""
+    conv = t.name.endswith("_conv")
+    claim = Claim(f"3: k = n is like GLA {'with' if conv else 'without'} conv (3 seeds)")
+    gla = t.cell(3, **{"model.mixer": "gla", "model.gla.topk": None, **({} if conv else {"model.gla.conv_size": 0})})
     for n in (1, 2, 4, 8):
         c = _sse(t, n, n)
         if c is None or gla is None:
@@ -318,7 +320,7 @@ def scaling_full(t: Table) -> Claim:
         alike = sum(a == "alike" for a, _ in o)
         return "holds" if alike >= 3 else "does not hold" if len(o) - alike >= 2 else "inconclusive"
     claim.decide((("alike", False), ("not alike", False), ("alike", True)), rule)
-    _no_signal_without_conv(t, [_sse(t, n, k) for n, k in SSE_GRID], claim)
+    _no_signal(t, [_sse(t, n, k) for n, k in SSE_GRID], claim)
     return claim
 
 
@@ -333,7 +335,7 @@ def _ablation_claim(t: Table, name: str, cells: dict[str, Cell | None], rule) ->
     claim.items = [(n, c.text() if c else "not yet complete", None) for n, c in cells.items()]
     default = _ablation(t)
     if default is not None and t.at_chance(default):
-        claim.verdicts = {"inconclusive (no signal without conv)"}
+        claim.verdicts = {"inconclusive (the default row at chance)"}
     elif any(c is None for c in cells.values()):
         claim.verdicts = set(VERDICTS)
     else:
@@ -461,6 +463,10 @@ def zoo_width(t: Table) -> Claim:
 PICTURE_RUNS = {"sse_state_scaling": (
     ("gla", {"model.mixer": "gla", "model.gla.conv_size": 0, "model.gla.topk": None}),
     ("gla-topk", {"model.mixer": "gla", "model.gla.conv_size": 0, "model.gla.topk": 8}),
+    ("sse-n4k1", {"model.mixer": "sse", "model.sse.n": 4, "model.sse.k": 1})),
+    "sse_state_scaling_conv": (          # every row there has conv 4
+    ("gla", {"model.mixer": "gla", "model.gla.topk": None}),
+    ("gla-topk", {"model.mixer": "gla", "model.gla.topk": 8}),
     ("sse-n4k1", {"model.mixer": "sse", "model.sse.n": 4, "model.sse.k": 1}))}
 PICTURE_SEEDS = 3
 # (summary key, the direction the SSE paper predicts for sparse states against dense GLA, label)
@@ -525,6 +531,8 @@ def _state_claim(t: Table, metric: tuple[str, int, str]) -> Claim:
 FIGURES = {"sse_fig8_topk": (fig8_pairs, fig8_curves, fig8_conv_off),
            "sse_state_scaling": (scaling_n, scaling_ratio, scaling_full,
                                  *(functools.partial(_state_claim, metric=m) for m in STATE_METRICS)),
+           "sse_state_scaling_conv": (scaling_n, scaling_ratio, scaling_full,
+                                      *(functools.partial(_state_claim, metric=m) for m in STATE_METRICS)),
            "sse_ablations": (ablation_keys, ablation_shared, ablation_gates),
            "sla_heads": (sla_heads,),
            "zoology_fig2": (zoo_attention, zoo_width)}

@@ -12,9 +12,10 @@ W_e learns only through the balance loss. ``transition: gla`` uses GLA's diagona
 ``gated_deltanet`` the gated delta rule (SSE-GDN; there the partition weight scales beta).
 ``row_topk`` makes the update row-sparse inside the selected partitions (softmax over the top
 rows, other rows neither written nor decayed). ``shared_params: false`` gives every partition
-its own q/k/v projections (the "w/o shared-params" ablation). The always-selected shared
-partition uses LoRA deltas (rank ``lora_rank``) on the q/k projections and the shared v, and
-is written and read with weight 1. The balance loss is partition-level:
+its own q/k/v projections (the "w/o shared-params" ablation). ``conv_size`` puts the base's
+short causal convolution on the q/k/v projections, the partitions' own ones included (off by
+default, as in the paper's models). The always-selected shared partition uses LoRA deltas (rank ``lora_rank``) on the q/k
+projections and the shared v, and is written and read with weight 1. The balance loss is partition-level:
 ``alpha * N/k * sum_i f_i P_i`` (f_i: fraction of tokens writing partition i; P_i: mean of
 softmax(e_t)_i).
 
@@ -34,7 +35,7 @@ from torch import nn
 
 from sandbox.mixers.base import Mixer, MixerContext, register
 from sandbox.mixers.feature_maps import balance_loss, feature_map, softmax_topk
-from sandbox.mixers.linear import LinearMixer
+from sandbox.mixers.linear import LinearMixer, causal_conv
 from sandbox.mixers.linear_family import GatedDeltaNetConfig, GLAConfig
 from sandbox.mixers.sse_impl import Routing, partitioned_recurrence, resolve_impl, route
 
@@ -64,7 +65,8 @@ class PartitionedMixer(Mixer):
         super().__init__(ctx, cfg)
         base = BASES[cfg.transition]()
         over = {"feature_map": "identity", "qk_norm": False, "impl": cfg.kernel}
-        over.update({f: getattr(cfg, f) for f in ("expand_k", "expand_v") if getattr(cfg, f) is not None})
+        over.update({f: getattr(cfg, f) for f in ("expand_k", "expand_v", "conv_size")
+                     if getattr(cfg, f, None) is not None})
         self.core = LinearMixer(ctx, dataclasses.replace(base, **over))
         self.q_feature, self.qk_norm = base.feature_map, base.qk_norm
         self.H, self.K, self.V = self.core.H, self.core.K, self.core.V
@@ -155,6 +157,7 @@ class SSEConfig:
     transition: Transition = "gla"
     expand_k: float | None = None  # null: the base's (gla 0.5, gated_deltanet 1.0)
     expand_v: float | None = None  # null: the base's (gla 1.0, gated_deltanet 2.0)
+    conv_size: int = 0  # short causal conv (+ silu) on the q, k, v projections, as the base's; 0 = off
     impl: PartitionImpl = "auto"  # masking | varlen | auto (varlen from seq_len 2048 with n >= 10)
     kernel: Kernel = "auto"  # linear_recurrence impl
 
@@ -169,6 +172,8 @@ class SSEConfig:
             raise ValueError(f"read_topk: must be <= n ({self.n}), the number of partitions; got {self.read_topk}")
         if self.balance_alpha < 0:
             raise ValueError(f"balance_alpha: must be >= 0, got {self.balance_alpha}")
+        if self.conv_size < 0:
+            raise ValueError(f"conv_size: must be >= 0, got {self.conv_size}")
         _positive(self, "expand_k", "expand_v")
 
     def state_rows(self, d_model: int, n_heads: int) -> int:
@@ -193,6 +198,9 @@ class SSE(PartitionedMixer):
         self.k_read = cfg.read_topk or cfg.k
         # partition 0 uses the core's q/k/v projections, partitions 1..N-1 these
         self.part_qkv = None if cfg.shared_params or N == 1 else nn.Linear(d, (N - 1) * H * (2 * K + V), bias=False)
+        self.part_conv = None   # their short conv (the core's convolves partition 0's)
+        if self.part_qkv is not None and cfg.conv_size:
+            self.part_conv = nn.Parameter(torch.randn(self.part_qkv.out_features, cfg.conv_size) / cfg.conv_size ** 0.5)
         self.lora_rank = cfg.lora_rank or max(1, min(64, d // 16))
         self.lora = None
         if cfg.shared_partition:
@@ -233,7 +241,10 @@ class SSE(PartitionedMixer):
         q, lk, v = p["q"], p["k"], p["v"]
         qs, ks, vs = q[:, :, None], lk[:, :, None], v[:, :, None]
         if self.part_qkv is not None:
-            eq, ek, ev = self.part_qkv(x).view(B, T, N - 1, H, 2 * K + V).split([K, K, V], -1)
+            extra = self.part_qkv(x)
+            if self.part_conv is not None:
+                extra = causal_conv(extra, self.part_conv)
+            eq, ek, ev = extra.view(B, T, N - 1, H, 2 * K + V).split([K, K, V], -1)
             qs, ks, vs = torch.cat([qs, eq], 2), torch.cat([ks, ek], 2), torch.cat([vs, ev], 2)
         keys, mask = self.key_map(ks)
         g = None if p["g"] is None else p["g"][:, :, None]
