@@ -21,8 +21,9 @@
 #   inspect DIR...           `sandbox inspect DIR --device cuda` of each run directory (one with checkpoint.pt,
 #                            e.g. sweeps_out/NAME/trials/N-xxxx on a warm machine after a sweep call); tars the
 #                            pictures, inspect.md and summary.json of each as inspect/<N-xxxx>/. A figure's sweep
-#                            directory (sweeps_out/NAME, on the warm machine that trained it: the checkpoints do
-#                            not come back) gets its state pictures, tarred as results/NAME/state_pictures/
+#                            directory (sweeps_out/NAME) gets its state pictures, tarred as
+#                            results/NAME/state_pictures/; picture runs whose checkpoints this machine lacks
+#                            (the checkpoints do not come back) are trained again from their recorded configs
 #   collect DIR...           tar the named directories into $OUT/collect.tar.gz
 #
 # What the GPU image lacks travels with the call: Python wheels in .whl/ (optuna and its needs, fla:
@@ -96,8 +97,8 @@ inspect)
     for run in "$@"; do
         if [ -f "$run/sweep.yaml" ]; then
             sandbox inspect "$run" --device cuda 2>&1 | tee -a "$OUT/inspect.txt"
-            tar -czf "$OUT/state_pictures_$(basename "$run").tar.gz" --transform "s|^sweeps_out/|results/|" \
-                "$run/state_pictures"
+            tar -czf "$OUT/state_pictures_$(basename "$run").tar.gz" --exclude='*.pt' --exclude='events.*' \
+                --transform "s|^sweeps_out/|results/|" "$run/state_pictures"
             continue
         fi
         sandbox inspect "$run" --device cuda --no-tensorboard --out "/tmp/inspect/$(basename "$run")" 2>&1 \

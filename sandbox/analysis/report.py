@@ -231,19 +231,52 @@ def inspect_sweep(sweep_dir, device: str = "cpu", batches: int = 4, batch_size: 
     """A figure's state pictures from the checkpoints its sweep trained (``verdicts.PICTURE_RUNS``): each
     variant's best learning rate per seed, inspected into SWEEP_DIR/state_pictures/<variant>-seed<s>/, with
     the pictures drawn for seed 0 and the numbers for every seed. Returns the folders written; a run whose
-    cell has not finished, or whose checkpoint is gone, is named and skipped."""
+    cell has not finished is named and skipped. A run whose checkpoint is gone (sweep directories travel
+    without them, and a sweep's calls may land on different machines) is trained again from the
+    configuration its result.json recorded, same seed, into state_pictures/<variant>-seed<s>/run/ (the
+    seeds of a variant as one stack), and its summary.json names the original run and both accuracies."""
     from sandbox.analysis.verdicts import picture_runs
-    written, skipped = [], []
+    written, skipped, runs = [], [], []
     for variant, seed, run_dir in picture_runs(sweep_dir):
         name = f"{variant}-seed{seed}"
-        if run_dir is None or not (run_dir / "checkpoint.pt").is_file():
-            skipped.append(f"{name} ({'no finished trial' if run_dir is None else f'no checkpoint in {run_dir}'})")
-            continue
-        out = Path(sweep_dir) / "state_pictures" / name
-        log(f"{name}: {run_dir}")
-        inspect_run(run_dir, batches=batches, batch_size=batch_size, out=out, device=device, tensorboard=False,
+        if run_dir is None or not (run_dir / "result.json").is_file():
+            skipped.append(f"{name} (no finished trial)")
+        else:
+            runs.append((variant, seed, run_dir, Path(sweep_dir) / "state_pictures" / name))
+    _retrain_missing(runs, device, log)
+    for variant, seed, run_dir, out in runs:
+        ckpt_dir = run_dir if (run_dir / "checkpoint.pt").is_file() else out / "run"
+        log(f"{out.name}: {ckpt_dir}")
+        inspect_run(ckpt_dir, batches=batches, batch_size=batch_size, out=out, device=device, tensorboard=False,
                     log=log, pictures=seed == 0)
+        if ckpt_dir != run_dir:
+            path = out / "summary.json"
+            summary = json.loads(path.read_text())
+            summary["retrained_from"] = {"run_dir": str(run_dir), "best_accuracy": _best(run_dir),
+                                         "retrained_best_accuracy": _best(ckpt_dir)}
+            path.write_text(json.dumps(summary, indent=1))
         written.append(out)
     if skipped:
         log(f"skipped {len(skipped)}: " + "; ".join(skipped))
     return written
+
+
+def _best(run_dir: Path):
+    return json.loads((Path(run_dir) / "result.json").read_text()).get("best_accuracy")
+
+
+def _retrain_missing(runs, device: str, log) -> None:
+    """Train again, per variant as one stack, the picture runs whose checkpoint is gone."""
+    from sandbox.config import load_config
+    from sandbox.train import train_replicas
+    by_variant: dict[str, list] = {}
+    for variant, seed, run_dir, out in runs:
+        if not (run_dir / "checkpoint.pt").is_file() and not (out / "run" / "checkpoint.pt").is_file():
+            by_variant.setdefault(variant, []).append((run_dir, out / "run"))
+    for variant, pairs in by_variant.items():
+        cfgs = []
+        for run_dir, _ in pairs:
+            cfg = load_config(data=json.loads((run_dir / "result.json").read_text())["config"])
+            cfgs.append(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device=device)))
+        log(f"{variant}: no checkpoint for {len(pairs)} run(s); training them again from their recorded configuration")
+        train_replicas(cfgs, [o for _, o in pairs], progress=False)
