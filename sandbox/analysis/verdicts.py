@@ -301,10 +301,12 @@ def scaling_ratio(t: Table) -> Claim:
 
 
 def scaling_full(t: Table) -> Claim:
-    """Against the GLA row with SSE's convolution setting (``sse_state_scaling``: none; ``_conv``: 4, its only one)."""
-    conv = t.name.endswith("_conv")
-    claim = Claim(f"3: k = n is like GLA {'with' if conv else 'without'} conv (3 seeds)")
-    gla = t.cell(3, **{"model.mixer": "gla", "model.gla.topk": None, **({} if conv else {"model.gla.conv_size": 0})})
+    """Against dense GLA with the SSE rows' convolution: a file with a conv column (``sse_state_scaling``) gives
+    its SSE rows conv 0 there, and one without (``sse_state_scaling_conv``) has one dense GLA row, conv like SSE's."""
+    conv = next((r.get("model.gla.conv_size") for r in t.rows if r.get("model.mixer") == "sse"), None)
+    claim = Claim(f"3: k = n is like GLA {'without' if conv == 0 else 'with'} conv (3 seeds)")
+    gla = t.cell(3, **{"model.mixer": "gla", "model.gla.topk": None,
+                       **({} if conv is None else {"model.gla.conv_size": conv})})
     for n in (1, 2, 4, 8):
         c = _sse(t, n, n)
         if c is None or gla is None:

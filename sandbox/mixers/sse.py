@@ -14,8 +14,9 @@ W_e learns only through the balance loss. ``transition: gla`` uses GLA's diagona
 rows, other rows neither written nor decayed). ``shared_params: false`` gives every partition
 its own q/k/v projections (the "w/o shared-params" ablation). ``conv_size`` puts the base's
 short causal convolution on the q/k/v projections, the partitions' own ones included (off by
-default, as in the paper's models). The always-selected shared partition uses LoRA deltas (rank ``lora_rank``) on the q/k
-projections and the shared v, and is written and read with weight 1. The balance loss is partition-level:
+default, as in the paper's models). The always-selected shared partition uses LoRA deltas
+(rank ``lora_rank``) on the q/k projections and the shared v, and is written and read with
+weight 1. The balance loss is partition-level:
 ``alpha * N/k * sum_i f_i P_i`` (f_i: fraction of tokens writing partition i; P_i: mean of
 softmax(e_t)_i).
 
