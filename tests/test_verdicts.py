@@ -303,6 +303,9 @@ def test_inspect_a_sweep_draws_the_state_pictures_of_each_variants_best_run(tmp_
         if r["model.gla.topk"] == "8":
             (out / r["run_dir"] / "checkpoint.pt").unlink()
     assert main(["inspect", str(out)]) == 0
+    moved = tmp_path / "results" / "sse_state_scaling"       # as results/<figure>/ holds it: the runs named
+    moved.parent.mkdir()                                     # relative to the sweep directory still resolve
+    out = out.rename(moved)
     for variant, match in (("gla", lambda r: r["model.mixer"] == "gla" and r["model.gla.topk"] in ("", "None")),
                            ("gla-topk", lambda r: r["model.mixer"] == "gla" and r["model.gla.topk"] == "8"),
                            ("sse-n4k1", lambda r: r["model.mixer"] == "sse")):
@@ -310,14 +313,14 @@ def test_inspect_a_sweep_draws_the_state_pictures_of_each_variants_best_run(tmp_
             runs = [out / r["run_dir"] for r in rows if match(r) and r["seed"] == str(seed)]
             assert len(runs) == 2
             acc = {d.resolve(): json.loads((d / "result.json").read_text())["best_accuracy"] for d in runs}
-            got = tmp_path / "sweep" / "state_pictures" / f"{variant}-seed{seed}"
+            got = out / "state_pictures" / f"{variant}-seed{seed}"
             summary = json.loads((got / "summary.json").read_text())
             if variant == "gla-topk":    # trained again from the best run's recorded configuration
                 again = summary["retrained_from"]
-                assert acc[Path(again["run_dir"]).resolve()] == max(acc.values()) == again["best_accuracy"]
+                assert acc[(out / again["run_dir"]).resolve()] == max(acc.values()) == again["best_accuracy"]
                 assert abs(again["retrained_best_accuracy"] - again["best_accuracy"]) <= 2 / 32, again
             else:
-                assert acc[Path(summary["run_dir"]).resolve()] == max(acc.values())  # one of this cell's runs
+                assert acc[(out / summary["run_dir"]).resolve()] == max(acc.values())  # one of this cell's runs
             assert summary["layers"]["0"]["row_similarity"] is not None
             assert bool(list(got.glob("*.png"))) == (seed == 0)
     claims = verdicts(out)

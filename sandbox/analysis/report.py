@@ -234,7 +234,8 @@ def inspect_sweep(sweep_dir, device: str = "cpu", batches: int = 4, batch_size: 
     cell has not finished is named and skipped. A run whose checkpoint is gone (sweep directories travel
     without them, and a sweep's calls may land on different machines) is trained again from the
     configuration its result.json recorded, same seed, into state_pictures/<variant>-seed<s>/run/ (the
-    seeds of a variant as one stack), and its summary.json names the original run and both accuracies."""
+    seeds of a variant as one stack), and its summary.json names the original run and both accuracies. Runs
+    are named relative to SWEEP_DIR."""
     from sandbox.analysis.verdicts import picture_runs
     written, skipped, runs = [], [], []
     for variant, seed, run_dir in picture_runs(sweep_dir):
@@ -249,16 +250,23 @@ def inspect_sweep(sweep_dir, device: str = "cpu", batches: int = 4, batch_size: 
         log(f"{out.name}: {ckpt_dir}")
         inspect_run(ckpt_dir, batches=batches, batch_size=batch_size, out=out, device=device, tensorboard=False,
                     log=log, pictures=seed == 0)
+        # the runs are named relative to the sweep directory, which is copied elsewhere (results/<figure>/)
+        path = out / "summary.json"
+        summary = json.loads(path.read_text())
+        summary["run_dir"] = _within(ckpt_dir, sweep_dir)
         if ckpt_dir != run_dir:
-            path = out / "summary.json"
-            summary = json.loads(path.read_text())
-            summary["retrained_from"] = {"run_dir": str(run_dir), "best_accuracy": _best(run_dir),
+            summary["retrained_from"] = {"run_dir": _within(run_dir, sweep_dir), "best_accuracy": _best(run_dir),
                                          "retrained_best_accuracy": _best(ckpt_dir)}
-            path.write_text(json.dumps(summary, indent=1))
+        path.write_text(json.dumps(summary, indent=1))
         written.append(out)
     if skipped:
         log(f"skipped {len(skipped)}: " + "; ".join(skipped))
     return written
+
+
+def _within(path: Path, sweep_dir) -> str:
+    """``path`` relative to the sweep directory (POSIX form)."""
+    return Path(path).resolve().relative_to(Path(sweep_dir).resolve()).as_posix()
 
 
 def _best(run_dir: Path):
