@@ -24,6 +24,10 @@
 #                            directory (sweeps_out/NAME) gets its state pictures, tarred as
 #                            results/NAME/state_pictures/; picture runs whose checkpoints this machine lacks
 #                            (the checkpoints do not come back) are trained again from their recorded configs
+#   repeat RESULT [N] [ARGS] train the configuration that RESULT (a trial's result.json) recorded N times
+#                            (default 3), each alone (ARGS: `sandbox train` options, e.g. --set
+#                            train.compile=false), and list each repeat's accuracy beside the recorded one:
+#                            does the same configuration give the same result on this GPU?
 #   collect DIR...           tar the named directories into $OUT/collect.tar.gz
 #
 # What the GPU image lacks travels with the call: Python wheels in .whl/ (optuna and its needs, fla:
@@ -106,11 +110,34 @@ inspect)
     done
     if [ -n "$(ls /tmp/inspect)" ]; then tar -czf "$OUT/inspect.tar.gz" -C /tmp inspect; fi
     ;;
+repeat)
+    src="$1"; n="${2:-3}"; shift; shift || true
+    rm -rf /tmp/repeat && mkdir -p /tmp/repeat
+    python3 -c "import json, sys, yaml; c = json.load(open(sys.argv[1]))['config']; c['name'] = 'repeat'
+yaml.safe_dump(c, open('/tmp/repeat/config.yaml', 'w'))" "$src" || exit 1
+    for i in $(seq 1 "$n"); do
+        sandbox train /tmp/repeat/config.yaml --out "/tmp/repeat/$i" --no-progress "$@" 2>&1 | tail -n 2
+    done
+    python3 - "$src" /tmp/repeat > "$OUT/repeat.txt" <<'EOF'
+import json, sys
+from pathlib import Path
+rows = [("recorded", json.load(open(sys.argv[1])))]
+rows += [(p.name, json.load(open(p / "result.json"))) for p in sorted(Path(sys.argv[2]).glob("*/"), key=lambda p: p.name)
+         if (p / "result.json").exists()]
+print(sys.argv[1])
+print("run       best acc  best step  steps/s  compiled at  test accuracy at each eval")
+for name, r in rows:
+    accs = " ".join(f"{h['test/accuracy']:.3f}" for h in r["history"])
+    print(f"{name:9} {r['best_accuracy']:8.4f}  {r['best_step']:9}  {r['steps_per_sec']:7.1f}  "
+          f"{str(r.get('compiled_at') or '-'):>11}  {accs}")
+EOF
+    cat "$OUT/repeat.txt"
+    ;;
 collect)
     tar -czf "$OUT/collect.tar.gz" "$@"
     ;;
 *)
-    sed -n "2,26p" "$0"
+    sed -n "2,30p" "$0"
     exit 2
     ;;
 esac
