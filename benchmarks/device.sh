@@ -125,11 +125,11 @@ rows = [("recorded", json.load(open(sys.argv[1])))]
 rows += [(p.name, json.load(open(p / "result.json"))) for p in sorted(Path(sys.argv[2]).glob("*/"), key=lambda p: p.name)
          if (p / "result.json").exists()]
 print(sys.argv[1])
-print("run       best acc  best step  steps/s  compiled at  test accuracy at each eval")
+print("run       best acc  best step  steps/s  compiled at  last test loss    test accuracy at each eval")
 for name, r in rows:
     accs = " ".join(f"{h['test/accuracy']:.3f}" for h in r["history"])
     print(f"{name:9} {r['best_accuracy']:8.4f}  {r['best_step']:9}  {r['steps_per_sec']:7.1f}  "
-          f"{str(r.get('compiled_at') or '-'):>11}  {accs}")
+          f"{str(r.get('compiled_at') or '-'):>11}  {r['history'][-1]['test/loss']:.12f}  {accs}")
 EOF
     cat "$OUT/repeat.txt"
     ;;

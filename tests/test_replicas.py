@@ -43,8 +43,9 @@ def assert_same_runs(stacked_dir, solo_dir, n, rtol=1e-9, atol=1e-11):
 
 @pytest.mark.parametrize("model", [None, {"gla": {"topk": 4, "conv_size": 4}},
                                    {"mixer": "attention", "positions": "learned"},
-                                   {"mixer": "gated_deltanet", "channel_mixer": "none"}],
-                         ids=["gla", "gla_topk_conv", "attention", "gated_deltanet"])
+                                   {"mixer": "gated_deltanet", "channel_mixer": "none"},
+                                   {"mixer": "sse", "sse": {"n": 4, "k": 1, "conv_size": 4}}],
+                         ids=["gla", "gla_topk_conv", "attention", "gated_deltanet", "sse_n4k1_conv"])
 def test_stacked_replicas_equal_solo_runs(tmp_path, model):
     """Learning rates 1e-3, 3e-3, 1e-2 and seeds 0, 0, 1 (so one replica has data of its own)."""
     cfgs = configs(model)
@@ -134,7 +135,9 @@ def test_runs_that_differ_in_more_than_lr_and_seed_are_refused(tmp_path):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16, CUDA graph and Triton kernels need a GPU")
-@pytest.mark.parametrize("model", [{"mixer": "gla", "gla": {"topk": 8}}], ids=["gla_topk"])
+@pytest.mark.parametrize("model", [{"mixer": "gla", "gla": {"topk": 8}},
+                                   {"mixer": "sse", "sse": {"n": 4, "k": 1, "conv_size": 4}}],
+                         ids=["gla_topk", "sse_n4k1_conv"])
 def test_stacked_replicas_follow_solo_runs_on_the_gpu(tmp_path, model):
     """200 steps of the SSE Figure 8 shape (d_model 128, T 192) in bf16 with the CUDA graph: the logged
     training losses of stacked and solo runs agree within bf16 rounding (they use other matrix shapes)."""

@@ -1,15 +1,15 @@
-"""Embedding lookup whose backward adds each token's gradient rows once per tile.
+"""Embedding lookup whose backward sums each token's gradient rows in a fixed order.
 
 The weight gradient of a lookup is a scatter-add of the output gradient's rows into the table. On a
 GPU that is one atomic add per token and column, and MQAR inputs repeat one token most of the time
 (the filler 0 takes 60-90% of the positions): tens of thousands of adds queue on the same row.
 torch.compile's code for it (fused with the first norm's backward) was the costliest kernel of the
-SSE Figure 8 step (0.19 of 2.0 ms on the H200, results/throughput/profile.txt).
+SSE Figure 8 step (0.19 of 2.0 ms on the H200, results/throughput/profile.txt), and atomic adds
+finish in no fixed order, so the same run could give other bits each time.
 
-Here each program takes a tile of BT tokens and BD columns, sums the rows of equal tokens inside
-the tile with one small matrix product (``[tok_i == tok_j] @ grad``), and only the first row of
-each distinct token adds that sum to the table: a token repeated n times costs about n / BT adds
-per column instead of n.
+Here the ids are sorted, tiles of BT sorted positions sum each token's rows with one small matrix
+product, and each table row then adds its token's tile sums in tile order (``triton_embedding.py``):
+no atomics, and the result depends only on the inputs.
 
 ``embedding(weight, ids)`` is a torch custom op (opaque to torch.compile, which would otherwise
 decompose the backward back into one add per token) with a vmap rule that folds stacked replicas
@@ -76,5 +76,5 @@ def _op_vmap(info, in_dims, weight, ids):
 
 
 def embedding(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """``weight[ids]`` (``[*ids.shape, D]``); its weight gradient sums repeated tokens per tile first."""
+    """``weight[ids]`` (``[*ids.shape, D]``); its weight gradient sums each token's rows in a fixed order."""
     return torch.ops.sandbox.embedding(weight, ids)
