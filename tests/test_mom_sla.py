@@ -20,10 +20,10 @@ def inputs(B=2, T=40, seed=1):
             torch.randn(B, T, CTX.d_model, dtype=torch.float64, generator=gen))
 
 
-def base(name, ctx=CTX, seed=0):
+def base(name, ctx=CTX, seed=0, conv_size=0):
     torch.manual_seed(seed)
     cfg = mixer_config_class(name)()
-    cfg.impl = "torch"
+    cfg.impl, cfg.conv_size = "torch", conv_size
     return build_mixer(name, ctx, cfg).double()
 
 
@@ -116,12 +116,13 @@ def test_mom_parameters_grow_with_memories_and_routing_is_captured():
     assert aux is not None and aux > 0 and mom.aux_loss() is None   # handed over once
 
 
-@pytest.mark.parametrize("name", ["retnet", "gla", "gated_deltanet"])
-def test_sla_with_one_head_is_its_base(name):
+@pytest.mark.parametrize("name,conv_size", [("retnet", 0), ("gla", 0), ("gated_deltanet", 0), ("gla", 4)])
+def test_sla_with_one_head_is_its_base(name, conv_size):
+    """With conv_size 4 the base's short convolution is there (its weights load) and runs as the base's."""
     x, w = inputs()
-    ref = base(name, CTX1)
+    ref = base(name, CTX1, conv_size=conv_size)
     torch.manual_seed(1)
-    sla = SLA(CTX1, SLAConfig(base=name, impl="torch")).double()
+    sla = SLA(CTX1, SLAConfig(base=name, impl="torch", conv_size=conv_size)).double()
     sla.core.load_state_dict(ref.state_dict())
     ya, gxa, _ = run(ref, x, w)
     yb, gxb, _ = run(sla, x, w)

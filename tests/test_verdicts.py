@@ -190,24 +190,41 @@ def test_ablation_claims(tmp_path):
     assert (keys.verdict(), shared.verdict(), gates.verdict()) == ("inconclusive", "does not hold", "inconclusive")
 
 
+def sla_cells(gains, spread=0.01, conv=4, seeds=5, level=0.2):
+    """GLA at ``level`` and SLA at ``level`` + gain per H, ``seeds`` seeds spread evenly over +- spread."""
+    out = []
+    for h, g in zip((4, 8, 16), gains):
+        accs = [level - spread + 2 * spread * i / (seeds - 1) for i in range(seeds)] if seeds > 1 else [level]
+        out.append(({"model.mixer": "gla", "model.gla.conv_size": conv, "model.sla.conv_size": conv,
+                     "model.n_heads": h}, accs))
+        out.append(({"model.mixer": "sla", "model.gla.conv_size": conv, "model.sla.conv_size": conv,
+                     "model.n_heads": h}, [a + g for a in accs]))
+    return out
+
+
 def test_sla_gain_grows_with_heads(tmp_path):
-    def cells(gains, spread=0.01):
-        out = []
-        for h, g in zip((4, 8, 16), gains):
-            seeds = [0.2 - spread, 0.2, 0.2 + spread]
-            out.append(({"model.mixer": "gla", "model.gla.conv_size": 0, "model.n_heads": h}, seeds))
-            out.append(({"model.mixer": "sla", "model.gla.conv_size": 0, "model.n_heads": h}, [a + g for a in seeds]))
-        return out
-    (claim,) = verdicts(write_rows(tmp_path, "sla_heads", 16, cells([0.0, 0.1, 0.2])))
-    assert claim.verdict() == "holds"                                     # 0.2 > 0.03 and > 2 x 0.014
-    (claim,) = verdicts(write_rows(tmp_path, "sla_heads", 16, cells([0.2, 0.1, 0.0])))
+    """The claim is judged on the conv 4 rows (5 seeds); the conv-off column (seed 0) does not enter it."""
+    off = sla_cells([0.5, 0.0, -0.5], conv=0, seeds=1)
+    claim = verdicts(write_rows(tmp_path, "sla_heads", 16, sla_cells([0.0, 0.1, 0.2]) + off))[0]
+    assert "with conv" in claim.name and claim.verdict() == "holds"       # 0.2 > 0.03 and > 2 x 0.013
+    claim = verdicts(write_rows(tmp_path, "sla_heads", 16, sla_cells([0.2, 0.1, 0.0])))[0]
     assert claim.verdict() == "does not hold"
-    (claim,) = verdicts(write_rows(tmp_path, "sla_heads", 16, cells([0.1, 0.3, 0.1])))
-    assert claim.verdict() == "does not hold"                             # no growth, a tight tie (s 0.014)
-    (claim,) = verdicts(write_rows(tmp_path, "sla_heads", 16, cells([0.1, 0.3, 0.1], spread=0.05)))
+    claim = verdicts(write_rows(tmp_path, "sla_heads", 16, sla_cells([0.1, 0.3, 0.1])))[0]
+    assert claim.verdict() == "does not hold"                             # no growth, a tight tie (s 0.013)
+    claim = verdicts(write_rows(tmp_path, "sla_heads", 16, sla_cells([0.1, 0.3, 0.1], spread=0.05)))[0]
     assert claim.verdict() == "inconclusive"                              # no growth, too noisy for a tie
-    (claim,) = verdicts(write_rows(tmp_path, "sla_heads", 16, cells([0.0, 0.0, 0.0], spread=0.0)))
-    assert claim.verdict() == "does not hold"
+    claim = verdicts(write_rows(tmp_path, "sla_heads", 16, sla_cells([0.0, 0.1, 0.2], seeds=3)))[0]
+    assert claim.verdict().startswith("open")                             # seeds 3 and 4 not run yet
+
+
+def test_sla_conv_off_column_keeps_or_flips_the_sign(tmp_path):
+    on = sla_cells([0.0, 0.1, 0.2])
+    robust = lambda off: verdicts(write_rows(tmp_path, "sla_heads", 16, on + off))[1]   # noqa: E731
+    assert robust(sla_cells([0.0, 0.05, 0.1], conv=0, seeds=1)).verdict() == "survives"
+    assert robust(sla_cells([0.1, 0.05, 0.0], conv=0, seeds=1)).verdict() == "changes"
+    assert robust(sla_cells([0.1, 0.3, 0.11], conv=0, seeds=1)).verdict() == "no signal without conv"
+    assert robust(sla_cells([0.0, 0.0, 0.0], conv=0, seeds=1, level=0.01)).verdict() == "no signal without conv"
+    assert robust([]).verdict().startswith("open")
 
 
 def test_zoology_attention_and_width(tmp_path):

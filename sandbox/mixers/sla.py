@@ -7,7 +7,8 @@ softmax(x W_GK)`` (write competition), ``W_GQ, W_GK: d x H``, on top of a base m
 For the delta rule (Gated DeltaNet, eq. 14) G^K scales the value inside the error term,
 ``beta_t (G^K v_t - phi(k_t) S_{t-1})``; for the additive bases scaling the value equals
 scaling the key, so one rule serves all three: ``v <- G^K v``, ``q <- G^Q q``. With one head
-both gates are 1 and SLA is its base. The base runs with its default options.
+both gates are 1 and SLA is its base. The base runs with its default options, except ``conv_size``
+(the short convolution on q, k, v, applied before the gates), which SLA passes on.
 """
 from __future__ import annotations
 
@@ -25,13 +26,18 @@ from sandbox.mixers.sse import Kernel
 class SLAConfig:
     base: Literal["retnet", "gla", "gated_deltanet"] = "gla"
     impl: Kernel = "auto"  # linear_recurrence impl of the base
+    conv_size: int = 0  # the base's short causal conv on q, k, v; 0 = off
+
+    def __post_init__(self):
+        if self.conv_size < 0:
+            raise ValueError(f"conv_size: must be >= 0, got {self.conv_size}")
 
 
 @register("sla", SLAConfig)
 class SLA(Mixer):
     def __init__(self, ctx: MixerContext, cfg: SLAConfig):
         super().__init__(ctx, cfg)
-        base_cfg = dataclasses.replace(mixer_config_class(cfg.base)(), impl=cfg.impl)
+        base_cfg = dataclasses.replace(mixer_config_class(cfg.base)(), impl=cfg.impl, conv_size=cfg.conv_size)
         self.core = build_mixer(cfg.base, ctx, base_cfg)
         self.gate_q = nn.Linear(ctx.d_model, ctx.n_heads, bias=False)
         self.gate_k = nn.Linear(ctx.d_model, ctx.n_heads, bias=False)
