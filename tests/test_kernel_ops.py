@@ -133,12 +133,14 @@ def _mqar_like_ids(n, vocab, seed):
     return torch.where(torch.rand(n, generator=g_) < 0.8, 0, ids)
 
 
-@pytest.mark.parametrize("dtype,N", [(torch.float32, 300), (torch.bfloat16, 300), (torch.float32, 9000)])
-def test_embedding_grad_kernel_equals_a_float64_loop(dtype, N):
+@pytest.mark.parametrize("dtype,N,V", [(torch.float32, 300, 50), (torch.bfloat16, 300, 50), (torch.float32, 9000, 50),
+                                       (torch.float32, 300, 40000)])
+def test_embedding_grad_kernel_equals_a_float64_loop(dtype, N, V):
     """N 300: neither N nor D a multiple of the 64 x 64 tile, 0 in every tile. N 9000: the filler's
-    run spans about 112 tiles, more than one block of 64 tile sums; some tokens do not occur."""
+    run spans about 112 tiles, more than one block of 64 tile sums; some tokens do not occur. V 40000:
+    a table too tall for int16 sort keys (stacked replicas' tables are R vocabularies tall)."""
     from sandbox.kernels.triton_embedding import embedding_grad_triton
-    D, V = 80, 50
+    D = 80
     ids = _mqar_like_ids(N, V, 0)
     if N > 1000:
         ids = torch.where((ids > 40) & (ids < 45), 40, ids)

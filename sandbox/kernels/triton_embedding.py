@@ -5,10 +5,13 @@ finished, so the same run trained twice on a GPU gave different bits, and at the
 different accuracies (results/sse_state_scaling_conv/README.md). Here the order of every sum is
 fixed:
 
-1. the ids are sorted (stably), so each token's positions form one run;
+1. the ids are sorted (stably), so each token's positions form one run. The keys are the narrowest
+   integer that holds the table's rows (int16 for MQAR's vocabulary): the radix sort makes one pass
+   per byte of key, and int64 ids cost four times the passes of int16;
 2. ``_tile_sums``: each program takes BT sorted positions and BD columns, sums each token's rows
    inside the tile with one small matrix product (``[tok_i == tok_j] @ grad``) and stores the sum at
-   the run's first position in the tile;
+   the run's first position in the tile. The programs of the first column block also write where
+   each token's run starts and ends (one writer per token, so no search over the sorted ids);
 3. ``_row_sums``: each program takes one table row and BD columns and adds its token's tile sums in
    tile order, BLK tiles at a time (the filler token of MQAR spans most tiles).
 """
@@ -22,7 +25,7 @@ BT, BD, BLK = 64, 64, 64
 
 
 @triton.jit
-def _tile_sums(ids, perm, grad, part, N, D, BT: tl.constexpr, BD: tl.constexpr):
+def _tile_sums(ids, perm, grad, part, bounds, N, D, R, BT: tl.constexpr, BD: tl.constexpr):
     i = tl.arange(0, BT)
     rows = tl.program_id(0) * BT + i
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
@@ -32,18 +35,23 @@ def _tile_sums(ids, perm, grad, part, N, D, BT: tl.constexpr, BD: tl.constexpr):
     g = tl.load(grad + src[:, None] * D + cols[None, :], mask=mr[:, None] & mc[None, :], other=0.0).to(tl.float32)
     same = (tok[:, None] == tok[None, :]) & mr[:, None] & mr[None, :]             # [BT, BT]
     summed = tl.dot(same.to(tl.float32), g, input_precision="ieee")             # row i: its token's tile sum
-    prev = tl.load(ids + rows - 1, mask=mr & (i > 0), other=-2)
+    prev = tl.load(ids + rows - 1, mask=mr & (rows > 0), other=-2)
     first = mr & ((i == 0) | (prev != tok))                                       # a run starts here
     tl.store(part + rows.to(tl.int64)[:, None] * D + cols[None, :], summed, mask=first[:, None] & mc[None, :])
+    if tl.program_id(1) == 0:                                                     # bounds[0]: start, [1]: end
+        nxt = tl.load(ids + rows + 1, mask=rows + 1 < N, other=-2)
+        t = tok.to(tl.int64)
+        tl.store(bounds + t, rows, mask=mr & ((rows == 0) | (prev != tok)))
+        tl.store(bounds + R + t, rows + 1, mask=mr & (nxt != tok))
 
 
 @triton.jit
-def _row_sums(part, starts, out, D, BT: tl.constexpr, BD: tl.constexpr, BLK: tl.constexpr):
+def _row_sums(part, bounds, out, D, R, BT: tl.constexpr, BD: tl.constexpr, BLK: tl.constexpr):
     v = tl.program_id(0)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     mc = cols < D
-    s = tl.load(starts + v).to(tl.int64)
-    e = tl.load(starts + v + 1).to(tl.int64)
+    s = tl.load(bounds + v).to(tl.int64)
+    e = tl.load(bounds + R + v).to(tl.int64)                                      # s = e = 0: no such token
     acc = tl.load(part + s * D + cols, mask=mc & (s + 0 * cols < e), other=0.0)   # the run's first tile
     last = (e - 1) // BT                                                          # later tiles start runs
     for t0 in range(s // BT + 1, last + 1, BLK):
@@ -61,9 +69,11 @@ def embedding_grad_triton(ids: torch.Tensor, grad: torch.Tensor, num_rows: int) 
     out = torch.empty(num_rows, D, dtype=torch.float32, device=grad.device)
     if not N or not D:
         return out.zero_()
-    ids, perm = torch.sort(ids, stable=True)
-    starts = torch.searchsorted(ids, torch.arange(num_rows + 1, device=ids.device, dtype=ids.dtype))
+    key = torch.int16 if num_rows <= torch.iinfo(torch.int16).max else torch.int32
+    ids, perm = torch.sort(ids.to(key), stable=True)
+    bounds = torch.zeros(2, num_rows, dtype=torch.int32, device=grad.device)
     part = torch.empty(N, D, dtype=torch.float32, device=grad.device)
-    _tile_sums[(triton.cdiv(N, BT), triton.cdiv(D, BD))](ids, perm, grad.contiguous(), part, N, D, BT=BT, BD=BD)
-    _row_sums[(num_rows, triton.cdiv(D, BD))](part, starts, out, D, BT=BT, BD=BD, BLK=BLK)
+    _tile_sums[(triton.cdiv(N, BT), triton.cdiv(D, BD))](ids, perm, grad.contiguous(), part, bounds, N, D, num_rows,
+                                                          BT=BT, BD=BD)
+    _row_sums[(num_rows, triton.cdiv(D, BD))](part, bounds, out, D, num_rows, BT=BT, BD=BD, BLK=BLK)
     return out
