@@ -69,14 +69,14 @@ bench-train)
     ref=${REF:+.ref/$REF/}; ref=${ref:-$(ls -td .ref/*/ 2>/dev/null | head -n 1)}
     sandbox bench train ${ref:+--ref "$ref"} --out /tmp/bench_train "$@" 2>&1 | tee "$OUT/bench_train.txt"
     cp /tmp/bench_train/bench.json "$OUT/bench_train.json" 2>/dev/null
-    tar -czf "$OUT/bench_train_logs.tar.gz" -C /tmp bench_train --exclude='*.pt' --exclude='events.*' 2>/dev/null
+    tar -czf "$OUT/bench_train_logs.tar.gz" --exclude='*.pt' --exclude='events.*' -C /tmp bench_train
     ;;
 bench-sweep)
     file="$1"; shift
     ref=${REF:+.ref/$REF/}; ref=${ref:-$(ls -td .ref/*/ 2>/dev/null | head -n 1)}
     sandbox bench sweep "$file" ${ref:+--ref "$ref"} --out /tmp/bench_sweep "$@" 2>&1 | tee "$OUT/bench_sweep.txt"
     cp /tmp/bench_sweep/bench.json "$OUT/bench_sweep.json" 2>/dev/null
-    tar -czf "$OUT/bench_sweep_logs.tar.gz" -C /tmp bench_sweep --exclude='*.pt' --exclude='events.*' 2>/dev/null
+    tar -czf "$OUT/bench_sweep_logs.tar.gz" --exclude='*.pt' --exclude='events.*' -C /tmp bench_sweep
     ;;
 sweep)
     file="$1"; shift
