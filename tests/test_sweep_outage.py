@@ -225,7 +225,7 @@ def test_postgres_down_past_the_storage_timeout_stops_cleanly_and_a_rerun_resume
     path = write(tmp_path, f"""\
         name: pg-timeout-{uuid.uuid4().hex[:8]}
         grid:
-          train.steps: [600, 601, 40]
+          train.steps: [5000, 5001, 40]   # long enough (5 s at ~1000 steps/s) to be caught mid-run
         """, eval_every=100)
     points = load_sweep(path).points()
     long = {p.point_id for p in points if p.grid["train.steps"] > 100}
