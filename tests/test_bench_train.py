@@ -45,3 +45,18 @@ def test_the_reference_is_compiled_too_when_its_config_has_the_key(tmp_path):
     (old / "config.py").write_text("class TrainConfig:\n    steps: int = 1000\n    cuda_graph: bool = True\n"
                                    "    # compile: not here yet\n")
     assert not knows_compile(tmp_path)
+
+
+def test_the_generators_gpu_share_is_its_profile_block_over_the_step():
+    """With --profile the worker lists the step's kernels, then a GENERATOR marker and the generator's own
+    TOTAL per step: its share is that total over the step's time (0.02 ms of a 0.4 ms step: 5%)."""
+    new = {"steps_per_sec": 2500.0, "generator_ms": 0.04, "wall_s": 1.0, "peak_gib": None,
+           "profile": [{"kernel": "TOTAL", "ms_per_step": 0.38, "calls": 100},
+                       {"kernel": "_bwd_chunk", "ms_per_step": 0.1, "calls": 2},
+                       {"kernel": "GENERATOR (per step, drawn 64 steps at a time)", "ms_per_step": 0, "calls": 0},
+                       {"kernel": "TOTAL", "ms_per_step": 0.02, "calls": 3},
+                       {"kernel": "_below", "ms_per_step": 0.01, "calls": 1}]}
+    row = summarise("tiny", TINY, new, None, None)
+    assert row["generator_pct"] == pytest.approx(10.0) and row["generator_gpu_pct"] == pytest.approx(5.0)
+    assert "gen GPU %" in table([row])
+    assert "generator_gpu_pct" not in summarise("tiny", TINY, {**new, "profile": []}, None, None)

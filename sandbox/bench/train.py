@@ -4,7 +4,9 @@ A fixed set of reference configurations (the papers' settings, batch 256), each 
 hundred steps in a process of its own (``step_worker.py``), by this checkout and, with ``--ref``,
 by another commit's code in the same call, so every speed claim is a ratio measured side by side.
 For each configuration: ms/step and tokens/s at steady state, the task generator's share of the
-step, the seconds a run spends outside its steady steps (start-up, compilation, graph capture, the data
+step (``gen %``: drawing the batches on their own, host time included; with ``--profile`` also
+``gen GPU %``: the GPU time its kernels add to each step, which is what a step pays while the host
+draws ahead of the GPU), the seconds a run spends outside its steady steps (start-up, compilation, graph capture, the data
 pool, the final evaluation), peak GPU memory, the roofline (FLOPs and the bytes the step must move, against this GPU's
 measured bf16 matrix rate and copy bandwidth) and how far above it the step runs, and the largest
 relative difference of the training loss from the reference code's over the first 200 steps.
@@ -111,6 +113,10 @@ def summarise(name: str, data: dict, new: dict, ref: dict | None, stacked: dict 
     steps = data["train"]["steps"]
     row.update(ms=ms, tokens_per_s=tokens / ms * 1e3, generator_pct=100 * new["generator_ms"] / ms,
                start_s=new["wall_s"] - steps * ms / 1e3)
+    prof = new.get("profile", [])
+    gen = next((i for i, k in enumerate(prof) if k["kernel"].startswith("GENERATOR")), None)
+    if gen is not None and gen + 1 < len(prof):   # the GPU time its kernels add to each step
+        row["generator_gpu_pct"] = 100 * prof[gen + 1]["ms_per_step"] / ms
     if new["peak_gib"] is not None:
         row["peak_gib"] = new["peak_gib"]
     if "flops" in new:
@@ -139,7 +145,8 @@ def summarise(name: str, data: dict, new: dict, ref: dict | None, stacked: dict 
 
 def table(rows: list[dict]) -> str:
     cols = [("config", "config", "{}"), ("ms", "ms/step", "{:.3f}"), ("tokens_per_s", "Mtok/s", None),
-            ("generator_pct", "gen %", "{:.1f}"), ("start_s", "start s", "{:.1f}"),
+            ("generator_pct", "gen %", "{:.1f}"), ("generator_gpu_pct", "gen GPU %", "{:.1f}"),
+            ("start_s", "start s", "{:.1f}"),
             ("peak_gib", "peak GiB", "{:.2f}"),
             ("roofline_ms", "roofline ms", "{:.3f}"), ("x_roofline", "x roofline", "{:.1f}"),
             ("ref_ms", "ref ms/step", "{:.3f}"), ("speedup", "speed-up", "{:.2f}"),
