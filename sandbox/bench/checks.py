@@ -164,6 +164,11 @@ def _family_cases(dtype):
         cases.append((f"delta_{gate}_K{K}_{dn}", delta_rec, (2, 333, 2, K, K, gate), dict(h0=True, beta=True), K ** -0.5))
     cases.append((f"delta_scalar_varlen_{dn}", delta_rec, (1, 400, 2, 128, 128, "scalar"),
                   dict(h0=True, beta=True, varlen=[100, 0, 299, 1]), 0.1))
+    # head dims under 16 go through the dispatch, which pads them (GLA at 16 heads of d_model 256; GSA's 1-wide pass)
+    cases += [(f"padded_gla_diag_K8_V16_{dn}", dispatch_rec, (2, 333, 4, 8, 16, "diag"), dict(h0=True), 8 ** -0.5),
+              (f"padded_gla_scalar_K4_V1_{dn}", dispatch_rec, (2, 333, 2, 4, 1, "scalar"), dict(h0=True), 0.5),
+              (f"padded_delta_scalar_K8_V8_{dn}", dispatch_rec, (2, 333, 2, 8, 8, "scalar"), dict(h0=True, beta=True),
+               8 ** -0.5)]
     return cases
 
 
@@ -190,6 +195,11 @@ def family_checks(device) -> dict:
 def chunk_gla_rec(q, k, v, g=None, beta=None, **kw):
     from sandbox.kernels.triton_chunk import chunk_gla
     return chunk_gla(q, k, v, g, **kw)
+
+
+def dispatch_rec(q, k, v, g=None, beta=None, **kw):
+    from sandbox.kernels import linear_recurrence
+    return linear_recurrence(q, k, v, g, beta, impl="triton", **kw)
 
 
 def delta_rec(q, k, v, g=None, beta=None, **kw):
