@@ -1,5 +1,7 @@
 """The chunked torch form against the per-step reference (float64, outputs and gradients),
 and the reference against closed forms."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -156,3 +158,23 @@ def test_dispatch_and_errors():
         linear_recurrence(q, k, v, initial_state=S0[:, :, :2])
     with pytest.raises(ValueError, match="cu_seqlens"):
         linear_recurrence(q, k, v, cu_seqlens=torch.tensor([0, 3, 2, 5]))
+
+
+def test_auto_on_the_cpu_takes_the_torch_form_without_a_warning(recwarn):
+    q, k, v, g, beta, S0 = make_inputs(1, 12, 1, 4, 4, "diagonal", "weak", True)
+    o, _ = linear_recurrence(q, k, v, g, beta)
+    ref, _ = recurrent_reference(q, k, v, g, beta)
+    assert torch.allclose(o, ref, atol=1e-10)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the slow-path warning is about CUDA tensors")
+def test_auto_on_the_gpu_says_once_when_it_leaves_the_kernels():
+    pytest.importorskip("triton")
+    inputs = make_inputs(1, 64, 2, 16, 16, "diagonal", "weak", True, seed=1)
+    q, k, v, g, beta, _ = (x.float().cuda() for x in inputs)
+    with pytest.warns(RuntimeWarning, match="delta rule with a per-row gate"):
+        linear_recurrence(q, k, v, g, beta)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        linear_recurrence(q, k, v, g, beta)   # said once per process

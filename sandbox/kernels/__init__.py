@@ -22,7 +22,11 @@ def linear_recurrence(q, k, v, g=None, beta=None, *, scale=1.0, initial_state=No
     kwargs = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                   cu_seqlens=cu_seqlens)
     if impl == "auto":
-        impl = "triton" if _triton_covers(q, v, g, beta) else "torch"
+        gap = _triton_gap(q, v, g, beta)
+        impl = "torch" if gap else "triton"
+        if gap and q.is_cuda:
+            _warn_once(f"linear_recurrence: the Triton kernels do not cover {gap}; the chunked torch form runs "
+                       "instead, several times slower")
     if impl == "naive":
         return recurrent_reference(q, k, v, g, beta, **kwargs)
     if impl == "torch":
@@ -30,18 +34,36 @@ def linear_recurrence(q, k, v, g=None, beta=None, *, scale=1.0, initial_state=No
     return _triton(q, k, v, g, beta, **kwargs)
 
 
-def _triton_covers(q, v, g, beta) -> bool:
-    """Whether the Triton kernels handle this case: CUDA, 16/32-bit floats, delta rule only with a
-    scalar gate and K <= 256 (head dims under 16 are padded to 16 by ``_triton``)."""
+def _triton_gap(q, v, g, beta) -> str | None:
+    """What keeps the Triton kernels from this case, or None where they cover it: CUDA, 16/32-bit floats,
+    delta rule only with a scalar gate and K <= 256 (head dims under 16 are padded to 16 by ``_triton``)."""
     import torch
 
-    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        return False
+    if not q.is_cuda:
+        return "CPU tensors"
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"{q.dtype}"
     try:
         import triton  # noqa: F401
     except ImportError:
-        return False
-    return beta is None or ((g is None or g.dim() == 3) and q.shape[-1] <= 256)
+        return "this machine (triton is not installed)"
+    if beta is not None and g is not None and g.dim() != 3:
+        return "the delta rule with a per-row gate"
+    if beta is not None and q.shape[-1] > 256:
+        return f"the delta rule with {q.shape[-1]} key rows per head (at most 256)"
+    return None
+
+
+_warned: set = set()
+
+
+def _warn_once(msg: str) -> None:
+    """A slow path taken on the GPU is said once per process and case (a sweep's worker log shows it)."""
+    if msg not in _warned:
+        _warned.add(msg)
+        import warnings
+
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
 def _common_dtype(*xs):
