@@ -79,32 +79,26 @@ def _common_dtype(*xs):
 MIN_HEAD_DIM = 16  # tl.dot's smallest operand side
 
 
-def _pad_last(x, n):
-    import torch.nn.functional as F
-
-    return x if x.shape[-1] >= n else F.pad(x, (0, n - x.shape[-1]))
-
-
 def _triton(q, k, v, g, beta, **kwargs):
     """The Triton kernels, with head dims under 16 zero-padded to 16 and the outputs cut back: a key row
     with q = k = 0 (and log-decay 0) keeps a zero state row and adds nothing to o, a zero value column
-    gives a zero output column, so the result is exact.  (Kernels on tiles narrower than 16 crashed on
-    the H200: GSA's 1-wide values; GLA with 16 heads at d_model 256 has 8 key rows, which fell back to
-    the chunked torch form at 1/15 of the speed.)"""
+    gives a zero output column, so the result is exact.  (Tiles narrower than 16 crashed on the H200, on
+    a 1-wide value pass; GLA with 16 heads at d_model 256 has 8 key rows, which used to fall back to the
+    chunked torch form at 1/13 of the speed.)"""
+    import torch.nn.functional as F
+
     # tl.dot needs both operands in one dtype: cast once here, autograd casts the gradients back
     dt = _common_dtype(q, k, v)
     q, k, v = q.to(dt), k.to(dt), v.to(dt)
     K, V = q.shape[-1], v.shape[-1]
     Kp, Vp = max(K, MIN_HEAD_DIM), max(V, MIN_HEAD_DIM)
-    if (K, V) != (Kp, Vp):
-        import torch.nn.functional as F
-
-        q, k, v = _pad_last(q, Kp), _pad_last(k, Kp), _pad_last(v, Vp)
-        if g is not None and g.dim() == 4:
-            g = _pad_last(g, Kp)
-        h0 = kwargs.get("initial_state")
-        if h0 is not None:
-            kwargs["initial_state"] = F.pad(h0, (0, Vp - V, 0, Kp - K))  # [N, H, K, V]
+    if Kp > K:
+        q, k = F.pad(q, (0, Kp - K)), F.pad(k, (0, Kp - K))
+        g = F.pad(g, (0, Kp - K)) if g is not None and g.dim() == 4 else g
+    if Vp > V:
+        v = F.pad(v, (0, Vp - V))
+    if (K, V) != (Kp, Vp) and kwargs["initial_state"] is not None:
+        kwargs["initial_state"] = F.pad(kwargs["initial_state"], (0, Vp - V, 0, Kp - K))   # [N, H, K, V]
     if beta is None:
         from sandbox.kernels.triton_chunk import chunk_gla
         o, ht = chunk_gla(q, k, v, g, **kwargs)

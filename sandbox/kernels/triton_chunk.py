@@ -355,10 +355,8 @@ def chunk_gla(q, k, v, g=None, *, scale=1.0, initial_state=None, output_final_st
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     if initial_state is not None and tuple(initial_state.shape) != (N, H, K, v.shape[-1]):
         raise ValueError(f"initial_state: shape {tuple(initial_state.shape)} must be {(N, H, K, v.shape[-1])}")
-    if initial_state is not None and initial_state.dtype != torch.float32:
-        initial_state = initial_state.float()
     if initial_state is not None:
-        initial_state = initial_state.contiguous()
+        initial_state = initial_state.float().contiguous()
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     g = g.contiguous() if g is not None else None
     o, ht = torch.ops.sandbox.chunk_gla_fwd(q, k, v, g, initial_state, cu_seqlens, float(scale),
