@@ -4,6 +4,7 @@ Shapes are tiny because the interpreter is slow; odd lengths, non-power-of-two h
 K / V tiles, strong and weak decay, and packed segments (with empty ones) are all covered.
 The same checks run on the GPU in ``sandbox bench kernels --check``.
 """
+import functools
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before the kernel modules are imported (their @triton.jit reads it)
@@ -255,16 +256,12 @@ def test_dispatch_triton_matches_naive():
     assert rel(o1, o2) < TOL and rel(s1, s2) < TOL
 
 
-def _dispatch(q, k, v, g=None, beta=None, **kw):
-    return linear_recurrence(q, k, v, g, beta, impl="triton", **kw)
-
-
 @pytest.mark.parametrize("K, V, gate, beta", [(8, 16, "diag", False), (8, 16, "scalar", False), (4, 1, "scalar", False),
                                               (8, 8, "scalar", True), (16, 4, "none", True)])
 def test_head_dims_under_16_are_padded_exactly(K, V, gate, beta):
     """GLA with 16 heads at d_model 256 has 8 key rows; GSA's first pass 1-wide values: the dispatch pads them
     to 16 and cuts the outputs back, which must leave o, the final state and every gradient exact."""
-    _compare(_dispatch, _inputs(2, 40, 2, K, V, gate, beta=beta))
+    _compare(functools.partial(linear_recurrence, impl="triton"), _inputs(2, 40, 2, K, V, gate, beta=beta))
 
 
 def _step_reference(q, k, v, S, g, beta, scale):
