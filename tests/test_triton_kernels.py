@@ -242,6 +242,11 @@ def test_delta_rule_matches_loop(gate):
     _compare(delta, _inputs(2, 70, 2, 20, 24, gate, beta=True))
 
 
+def test_delta_rule_value_dim_over_256():
+    # Gated DeltaNet at d_model 256, 1 head: K = 256, V = 512; here V = 272 in five value tiles (last partial)
+    _compare(delta, _inputs(1, 70, 1, 16, 272, "scalar", beta=True))
+
+
 def test_delta_rule_varlen():
     cu = torch.tensor([0, 0, 64, 65, 90])
     _compare(delta, _inputs(1, 90, 1, 16, 20, "scalar", N=4, beta=True), cu=cu)

@@ -162,6 +162,9 @@ def _family_cases(dtype):
          dict(h0=False, varlen=[0, 300, 299, 1]), 0.1)]
     for gate, K in (("none", 64), ("scalar", 128), ("scalar", 256)):
         cases.append((f"delta_{gate}_K{K}_{dn}", delta_rec, (2, 333, 2, K, K, gate), dict(h0=True, beta=True), K ** -0.5))
+    # Gated DeltaNet with 1 head at d_model 256 (Zoology Figure 2): value head twice the key head, two 256 tiles
+    cases.append((f"delta_scalar_K256_V512_{dn}", delta_rec, (2, 333, 2, 256, 512, "scalar"), dict(h0=True, beta=True),
+                  256 ** -0.5))
     cases.append((f"delta_scalar_varlen_{dn}", delta_rec, (1, 400, 2, 128, 128, "scalar"),
                   dict(h0=True, beta=True, varlen=[100, 0, 299, 1]), 0.1))
     # head dims under 16 go through the dispatch, which pads them (GLA at 16 heads of d_model 256; GSA's 1-wide pass)

@@ -13,7 +13,7 @@ Per chunk of C = 64 steps, with gc the chunk-local cumulative log-decay and S_0 
 The first three lines are batched over all chunks at once in torch (autograd differentiates them);
 the last three are a sequential scan over chunks: ``_delta_fwd`` / ``_delta_bwd`` below, wrapped in
 ``DeltaScan`` (its backward is written by hand: dv_new, dS, and per-chunk partials of dq, dk, dW, dA).
-Head dims K, V up to 256 (one program holds all K rows of a V tile of the state).
+Key head dim K up to 256 (one program holds all K rows of a V tile of the state); any V (tiled by the grid).
 """
 from __future__ import annotations
 
@@ -270,8 +270,8 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=1.0, initial_state=None, ou
         raise ValueError(f"beta: must be [B, T, H] = {(B, T, H)}")
     if g is not None and g.shape != (B, T, H):
         raise ValueError(f"g: the Triton delta rule takes a scalar gate [B, T, H], got {tuple(g.shape)}")
-    if K > 256 or V > 256:
-        raise ValueError(f"K, V: the Triton delta rule supports head dims up to 256, got K={K}, V={V}")
+    if K > 256:
+        raise ValueError(f"K: the Triton delta rule holds at most 256 key rows per head, got {K}")
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"cu_seqlens: needs batch size 1, got {B}")
     if cu_seqlens is not None:
