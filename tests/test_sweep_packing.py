@@ -169,7 +169,11 @@ def test_an_unmeasured_kind_of_stack_takes_its_familys_slowest_pace():
     # another width of a measured mixer: its slowest pace, over the ratio of widths where this one is wider
     assert packing.pace_for("gsa-w", "gsa|256|320", paces) == 30.0
     assert packing.pace_for("gsa-n", "gsa|64|320", paces) == 60.0
-    assert packing.pace_for("gsa-l", "gsa|256|640", paces) == 60.0 / packing.UNKNOWN_SLOWER   # not its length
+    # another length: the longest shorter one measured for that mixer, over the ratio of lengths (and widths)
+    assert packing.pace_for("gsa-l", "gsa|256|640", paces) == 60.0 / 2 / 2
+    paces["gsa-s"] = ("gsa|128|64", 500.0)                                  # shorter still: not the nearest
+    assert packing.pace_for("gsa-l", "gsa|128|640", paces) == 30.0
+    assert packing.pace_for("gsa-t", "gsa|128|32", paces) == 60.0 / packing.UNKNOWN_SLOWER   # only longer ones
     assert packing.pace_for("metala-a", "metala|128|320", {}) is None
 
 

@@ -158,20 +158,30 @@ def pace_for(key: str, family: str, paces: dict[str, tuple[str, float]]) -> floa
     pace)) measured so far: its own; else the slowest of its family (same mixer, width and length: on
     the H200 a GSA stack ran at half a GLA stack's pace, and sizing GSA by GLA's pace started stacks the
     limit then cut off); else the slowest of the same mixer and length at another width, slowed by the
-    ratio of widths where this one is wider; else the slowest of all over ``UNKNOWN_SLOWER``; None where
+    ratio of widths where this one is wider; else the same at the longest shorter length measured for that
+    mixer, slowed by the ratio of lengths too; else the slowest of all over ``UNKNOWN_SLOWER``; None where
     nothing is known. (Figure 8's d64 and d256 columns, sized by the slowest mixer over 2, fit no trial
-    in a 520 s call, although GSA's own d128 pace put one d256 trial at under 300 s.)"""
+    in a 520 s call, although GSA's own d128 pace put one d256 trial at under 300 s; Zoology Figure 2's
+    sequence length 512, sized the same way, started none of its SSE and Gated DeltaNet stacks in a call
+    with half its time left.)"""
     if key in paces:
         return paces[key][1]
     kin = [r for f, r in paces.values() if f == family]
     if kin:
         return min(kin)
     mixer, width, length = _family_parts(family)
-    wider = [r * min(1.0, w / width) for f, r in paces.values() if width
-             for m, w, n in [_family_parts(f)] if m == mixer and n == length and w]
-    if wider:
-        return min(wider)
+    same = [(w, _length(n), r) for f, r in paces.values() for m, w, n in [_family_parts(f)] if m == mixer and w]
+    target = _length(length)
+    for at in ([target], sorted({n for _, n, _ in same if n and target and n < target}, reverse=True)[:1]):
+        rates = [r * min(1.0, w / width) * (n / target if n != target else 1.0)
+                 for w, n, r in same if width and n in at]
+        if rates:
+            return min(rates)
     return min(r for _, r in paces.values()) / UNKNOWN_SLOWER if paces else None
+
+
+def _length(text: str) -> int | None:
+    return int(text) if text.isdigit() else None
 
 
 def _family_parts(family: str) -> tuple[str, int | None, str]:
