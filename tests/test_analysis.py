@@ -291,6 +291,21 @@ def test_categorical_x_is_not_joined_by_lines_and_titles_fit(tmp_path):
     assert box.x0 >= 0 and box.x1 <= fig.bbox.x1, "the title runs past the figure's edges"
 
 
+def test_a_hue_value_has_one_colour_in_every_panel():
+    """A panel that lacks a value (Zoology's (512, 64) before Gated DeltaNet ran) must not shift the
+    colours of the values after it: each value keeps its colour across panels."""
+    from matplotlib.colors import to_hex
+    from sandbox.analysis.plot_sweep import draw
+
+    st = {"mean": 0.5, "min": 0.5, "max": 0.5, "std": 0.0}
+    points = {(p, h, d): st for p in (4, 64) for h in ("attention", "gated_deltanet", "gla") for d in (64, 128)
+              if not (p == 64 and h == "gated_deltanet")}
+    fig = draw(points, ["pairs", "mixer", "d"], "d", "best_accuracy", ["train.lr"], hue="mixer", col="pairs")
+    colours = [{line.get_label(): to_hex(line.get_color()) for line in ax.lines} for ax in fig.axes]
+    assert colours[1]["gla"] == colours[0]["gla"] != colours[0]["gated_deltanet"]
+    assert colours[1]["attention"] == colours[0]["attention"]
+
+
 # ---- smoke: a tiny trained run through the CLI ----------------------------------------------------
 
 TINY = {"task": {"name": "mqar", "seq_len": 32, "num_kv_pairs": 4, "vocab_size": 32, "test_examples": 64},

@@ -256,14 +256,15 @@ def draw(points: dict, axes: list[str], x: str, ycol: str, tuned: list[str], *, 
                 lo = np.array([s["min"] if spread == "minmax" else s["mean"] - s["std"] for _, s in line])
                 hi_ = np.array([s["max"] if spread == "minmax" else s["mean"] + s["std"] for _, s in line])
                 label = str(hv) if hue else None
+                color = f"C{j % 10}"    # by the value's place among all panels' values: one colour per value
                 if numeric_x:
                     px = [_number(v) for v, _ in line]
-                    ax.plot(px, m, marker="o", ms=4, label=label)
-                    ax.fill_between(px, lo, hi_, alpha=0.2)
+                    ax.plot(px, m, marker="o", ms=4, label=label, color=color)
+                    ax.fill_between(px, lo, hi_, alpha=0.2, color=color)
                 else:       # categories: nothing lies between two of them, so no line joins them
                     dodge = (j - (len(hues) - 1) / 2) * min(0.15, 0.6 / len(hues))
                     px = [xs.index(v) + dodge for v, _ in line]
-                    ax.errorbar(px, m, yerr=[m - lo, hi_ - m], fmt="o", ms=4, capsize=3, label=label)
+                    ax.errorbar(px, m, yerr=[m - lo, hi_ - m], fmt="o", ms=4, capsize=3, label=label, color=color)
             if numeric_x:
                 nx = [_number(v) for v in xs]
                 if min(nx) > 0 and max(nx) / min(nx) >= 8:
