@@ -241,11 +241,18 @@ def test_zoology_attention_and_width(tmp_path):
         cells.append(({**grid, "model.mixer": "sse"}, [0.95 if solved else 0.3]))
     attention, width = verdicts(write_rows(tmp_path, "zoology_fig2", 4, cells))
     assert attention.verdict() == "holds"
+    assert attention.items[0][2] == "3 of 3 at >= 0.95, 0 below 0.9"
     assert [o for _, _, o in width.items] == ["needs width", "needs width", "needs width", "needs none"]
     assert width.verdict() == "holds"
     cells = [c for c in cells if not (c[0]["model.mixer"] == "attention" and c[0]["task.seq_len"] == 512)]
     attention, _ = verdicts(write_rows(tmp_path, "zoology_fig2", 4, cells))
     assert attention.verdicts == {"holds", "does not hold", "inconclusive"}   # 3 of 12 points still missing
+    assert attention.items[3][2] is None                                     # shown as open
+    cells += [({"task.seq_len": 512, "task.num_kv_pairs": 64, "model.d_model": d, "model.mixer": "attention"},
+               [0.01 if d == 64 else 0.99]) for d in (64, 128, 256)]     # 11 points at 0.99, one below 0.9
+    attention, _ = verdicts(write_rows(tmp_path, "zoology_fig2", 4, cells))
+    assert attention.verdict() == "inconclusive"
+    assert attention.items[3][2] == "2 of 3 at >= 0.95, 1 below 0.9"
 
 
 # ---- the state pictures (issue 21, item 6) ----------------------------------------------------------
