@@ -170,24 +170,19 @@ def pace_for(key: str, family: str, paces: dict[str, tuple[str, float]]) -> floa
     if kin:
         return min(kin)
     mixer, width, length = _family_parts(family)
-    same = [(w, _length(n), r) for f, r in paces.values() for m, w, n in [_family_parts(f)] if m == mixer and w]
-    target = _length(length)
-    for at in ([target], sorted({n for _, n, _ in same if n and target and n < target}, reverse=True)[:1]):
-        rates = [r * min(1.0, w / width) * (n / target if n != target else 1.0)
-                 for w, n, r in same if width and n in at]
-        if rates:
-            return min(rates)
+    same = [(w, n, r) for f, r in paces.values() for m, w, n in [_family_parts(f)] if m == mixer and w and width]
+    shorter = [n for _, n, _ in same if n is not None and length is not None and n < length]
+    at = length if any(n == length for _, n, _ in same) else max(shorter, default=None)
+    rates = [r * min(1.0, w / width) * (n / length if n != length else 1.0) for w, n, r in same if n == at]
+    if rates:
+        return min(rates)
     return min(r for _, r in paces.values()) / UNKNOWN_SLOWER if paces else None
 
 
-def _length(text: str) -> int | None:
-    return int(text) if text.isdigit() else None
-
-
-def _family_parts(family: str) -> tuple[str, int | None, str]:
-    """(mixer, width or None, length) of a family ``mixer|d_model|seq_len``."""
+def _family_parts(family: str) -> tuple[str, int | None, int | None]:
+    """(mixer, width or None, length or None) of a family ``mixer|d_model|seq_len``."""
     mixer, width, length = (family.split("|") + ["", ""])[:3]
-    return mixer, int(width) if width.isdigit() else None, length
+    return mixer, int(width) if width.isdigit() else None, int(length) if length.isdigit() else None
 
 
 def record_pace(sweep_dir: Path, paces: dict[str, tuple[str, float]]) -> None:
