@@ -125,19 +125,20 @@ def test_a_fresh_worker_sizes_its_claims_from_the_groups_the_sweep_finished_befo
     assert len(roomier.claim()) == 2
 
 
-def test_the_latest_group_of_a_kind_gives_its_pace(tmp_path):
-    """Two groups of one kind finished one after the other, the first at 2, the second at 10 trial-steps/s:
-    the pace is the second's (the code and the runner change between launches), whichever is slower."""
+def test_the_longest_group_of_a_kind_gives_its_pace_the_latest_among_equals(tmp_path):
+    """Groups of one kind finished one after the other. Of two equally long ones, at 2 and then 10
+    trial-steps/s, the pace is the second's (the code and the runner change between launches), whichever is
+    slower; a later, shorter group at 2 (most of it start-up) does not replace it."""
     from sandbox.sweep.worker import _Worker
     study = _study(tmp_path)
     w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=1)
-    for wall in (50.0, 10.0):                       # 100 steps alone: 2, then 10 trial-steps/s
+    key, family, _ = w._kind(study.get_trials()[0])
+    for (steps, wall), pace in zip([(100, 50.0), (100, 10.0), (40, 20.0)], [2.0, 10.0, 10.0]):
         (tid,) = w.claim()
-        study._storage.set_trial_user_attr(tid, "result", {"steps": 100, "replicas": 1, "wall_time_s": wall})
+        study._storage.set_trial_user_attr(tid, "result", {"steps": steps, "replicas": 1, "wall_time_s": wall})
         study.tell(study._storage.get_trial(tid).number, 0.5)
         time.sleep(0.01)
-    key, family, _ = w._kind(study.get_trials()[0])
-    assert w._paces() == {key: (family, 10.0)}
+        assert w._paces() == {key: (family, pace)}
 
 
 def test_a_kind_guessed_too_slow_for_the_limit_is_measured_alone_at_a_launchs_start(tmp_path):

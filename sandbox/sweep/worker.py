@@ -123,22 +123,27 @@ class _Worker:
 
     def _paces(self) -> dict[str, tuple[str, float]]:
         """Paces by stack key: the groups the sweep completed before (a completed trial's steps x replicas over
-        its group's wall time; per key the latest, as the code and the runner change between launches: the
-        slowest of Figure 8's MetaLA d128 was a lone trial among 14 time-sliced workers of the first runner,
-        at 14 trial-steps/s, where its later stacks ran at 100-112), overridden by this launch's (its
-        workers' records)."""
+        its group's wall time), per key the group that trained the most trial-steps, the latest among equals,
+        overridden by this launch's (its workers' records). The longest group is the measure least swayed
+        by start-up: a Gated DeltaNet d256 trial that stopped early at step 750 on a fresh machine spent
+        most of its 94 s starting and on uncompiled steps (8 trial-steps/s, where a 3500-step trial of the
+        kind ran at 15), and sized by it no later trial of the kind fitted a call. The latest among equals,
+        as the code and the runner change between launches (Figure 8's MetaLA d128 ran at 14 trial-steps/s
+        as a lone trial among 14 time-sliced workers of the first runner, its later stacks at 100-112)."""
         from optuna.trial import TrialState
-        paces: dict[str, tuple[str, float]] = {}
+        best: dict[str, tuple[float, str, float]] = {}       # key -> (trial-steps, family, pace)
         done = [t for t in trials_in(self.study, (TrialState.COMPLETE,)) if t.datetime_complete is not None]
         for t in sorted(done, key=lambda t: t.datetime_complete):
             res = t.user_attrs.get("result") or {}
             try:
-                rate = float(res["steps"]) * int(res.get("replicas") or 1) / float(res["wall_time_s"])
+                trained = float(res["steps"]) * int(res.get("replicas") or 1)
+                rate = trained / float(res["wall_time_s"])
             except (KeyError, TypeError, ValueError, ZeroDivisionError):
                 continue
             key, family, _ = self._kind(t)
-            if key is not None:
-                paces[key] = (family, rate)
+            if key is not None and trained >= best.get(key, (0.0,))[0]:
+                best[key] = (trained, family, rate)
+        paces = {key: (family, rate) for key, (_, family, rate) in best.items()}
         paces.update(packing.known_paces(self.dir))
         paces.update(self.paces)
         return paces
