@@ -90,7 +90,7 @@ def test_near_a_time_limit_a_worker_stacks_only_what_finishes(tmp_path):
     w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
     first = study.get_trials()[0]                                   # the queue's head: grid point d_model 16
     key, family, _ = w._kind(first)
-    w.paces = {key: (family, 10.0)}
+    w.paces = {key: (family, 10.0, 300)}
     group = w.claim()
     trials = [study._storage.get_trial(t) for t in group]
     assert len(group) == 2 and trials[0].user_attrs["grid"] == trials[1].user_attrs["grid"]
@@ -101,7 +101,7 @@ def test_near_a_time_limit_a_worker_stacks_only_what_finishes(tmp_path):
     assert len(fresh.claim()) == 3
     # a later worker starts from the paces its peers recorded: the d_model 32 point has none of its own
     # nor of its family, so it takes d_model 16's over the ratio of widths, 5 trial-steps/s
-    packing.record_pace(tmp_path / "out", {key: (family, 10.0)})
+    packing.record_pace(tmp_path / "out", {key: (family, 10.0, 300)})
     late = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
     assert len(late.claim()) == 1            # 30 + 1.5 x 100 / 5 = 60 s fits in 70; the one trial left
 
@@ -128,7 +128,8 @@ def test_a_fresh_worker_sizes_its_claims_from_the_groups_the_sweep_finished_befo
 def test_the_longest_group_of_a_kind_gives_its_pace_the_latest_among_equals(tmp_path):
     """Groups of one kind finished one after the other. Of two equally long ones, at 2 and then 10
     trial-steps/s, the pace is the second's (the code and the runner change between launches), whichever is
-    slower; a later, shorter group at 2 (most of it start-up) does not replace it."""
+    slower; a later, shorter group at 2 (most of it start-up) does not replace it, in the study or in this
+    launch's records."""
     from sandbox.sweep.worker import _Worker
     study = _study(tmp_path)
     w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=1)
@@ -139,6 +140,11 @@ def test_the_longest_group_of_a_kind_gives_its_pace_the_latest_among_equals(tmp_
         study.tell(study._storage.get_trial(tid).number, 0.5)
         time.sleep(0.01)
         assert w._paces() == {key: (family, pace)}
+    # this launch's records weigh the same way: a shorter group measured now does not replace it, an equal one does
+    w.paces = {key: (family, 1.0, 40)}
+    assert w._paces() == {key: (family, 10.0)}
+    w.paces = {key: (family, 1.0, 100)}
+    assert w._paces() == {key: (family, 1.0)}
 
 
 def test_a_kind_guessed_too_slow_for_the_limit_is_measured_alone_at_a_launchs_start(tmp_path):
@@ -151,12 +157,12 @@ def test_a_kind_guessed_too_slow_for_the_limit_is_measured_alone_at_a_launchs_st
     small, big = study.get_trials()[0], study.get_trials()[3]                 # d_model 16, d_model 32
     key16, fam16, _ = w._kind(small)
     assert w._kind(big)[0] != key16
-    w.paces = {key16: (fam16, 1.0)}          # d_model 16: 30 + 1.5 x 100 / 1 = 180 s; d_model 32 guessed at 0.5
+    w.paces = {key16: (fam16, 1.0, 100)}          # d_model 16: 30 + 1.5 x 100 / 1 = 180 s; d_model 32 guessed at 0.5
     group = w.claim()
     assert [study._storage.get_trial(t).user_attrs["grid"] for t in group] == [big.user_attrs["grid"]]
     assert w.claim() == [] and w.out_of_time             # one probe; a worker that has worked does not probe
     measured = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 60)
-    measured.paces = {key16: (fam16, 1.0), w._kind(big)[0]: (w._kind(big)[1], 1.0)}
+    measured.paces = {key16: (fam16, 1.0, 100), w._kind(big)[0]: (w._kind(big)[1], 1.0, 100)}
     assert measured.claim() == [] and measured.out_of_time                # measured too slow: stays queued
 
 

@@ -185,24 +185,25 @@ def _family_parts(family: str) -> tuple[str, int | None, int | None]:
     return mixer, int(width) if width.isdigit() else None, int(length) if length.isdigit() else None
 
 
-def record_pace(sweep_dir: Path, paces: dict[str, tuple[str, float]]) -> None:
-    """A worker's measured paces (stack key -> (family, trial-steps/s)), for workers that start later."""
+def record_pace(sweep_dir: Path, paces: dict[str, tuple[str, float, float]]) -> None:
+    """A worker's measured paces (stack key -> (family, trial-steps/s, trial-steps it was measured over)), for
+    workers that start later."""
     d = Path(sweep_dir) / "logs"
     d.mkdir(parents=True, exist_ok=True)
     write_json(d / f"pace-{os.getpid()}.json", paces)
 
 
-def known_paces(sweep_dir: Path) -> dict[str, tuple[str, float]]:
+def known_paces(sweep_dir: Path) -> dict[str, tuple[str, float, float]]:
     """The slowest pace of each stack key that this launch's workers recorded (the launcher clears them)."""
-    out: dict[str, tuple[str, float]] = {}
+    out: dict[str, tuple[str, float, float]] = {}
     for f in (Path(sweep_dir) / "logs").glob("pace-*.json"):
         try:
             recs = json.loads(f.read_text())
         except (OSError, ValueError):
             continue
-        for key, (family, rate) in recs.items():
+        for key, (family, rate, trained) in recs.items():
             if key not in out or rate < out[key][1]:
-                out[key] = (family, float(rate))
+                out[key] = (family, float(rate), float(trained))
     return out
 
 

@@ -50,7 +50,8 @@ class _Worker:
         self.training = False
         self.stop = False
         self.until = until                  # epoch seconds by which claimed work must be done (None: no limit)
-        self.paces: dict[str, tuple[str, float]] = {}   # stack key -> (family, trial-steps/s) this worker measured
+        self.paces: dict[str, tuple[str, float, float]] = {}   # stack key -> (family, trial-steps/s, trial-steps)
+                                                               # over the groups this worker measured
         self.out_of_time = False
         self.claimed = False                # whether this worker took any work in this launch
         self._keys: dict[int, tuple[str | None, int | None]] = {}      # number -> (stack key, steps left)
@@ -122,14 +123,15 @@ class _Worker:
         return fits
 
     def _paces(self) -> dict[str, tuple[str, float]]:
-        """Paces by stack key: the groups the sweep completed before (a completed trial's steps x replicas over
-        its group's wall time), per key the group that trained the most trial-steps, the latest among equals,
-        overridden by this launch's (its workers' records). The longest group is the measure least swayed
-        by start-up: a Gated DeltaNet d256 trial that stopped early at step 750 on a fresh machine spent
-        most of its 94 s starting and on uncompiled steps (8 trial-steps/s, where a 3500-step trial of the
-        kind ran at 15), and sized by it no later trial of the kind fitted a call. The latest among equals,
-        as the code and the runner change between launches (Figure 8's MetaLA d128 ran at 14 trial-steps/s
-        as a lone trial among 14 time-sliced workers of the first runner, its later stacks at 100-112)."""
+        """Paces by stack key, from the group that trained the most trial-steps of it, the latest among
+        equals: the groups the sweep completed before (a completed trial's steps x replicas over its group's
+        wall time), then this launch's (its workers' records, the slowest worker's where several trained a
+        kind). The longest group is the measure least swayed by start-up: a Gated DeltaNet d256 trial that
+        stopped early at step 750 on a fresh machine spent most of its 94 s starting and on uncompiled
+        steps (8 trial-steps/s, where a 3500-step trial of the kind ran at 15), and sized by it no later
+        trial of the kind fitted a call. The latest among equals, as the code and the runner change between
+        launches (Figure 8's MetaLA d128 ran at 14 trial-steps/s as a lone trial among 14 time-sliced
+        workers of the first runner, its later stacks at 100-112)."""
         from optuna.trial import TrialState
         best: dict[str, tuple[float, str, float]] = {}       # key -> (trial-steps, family, pace)
         done = [t for t in trials_in(self.study, (TrialState.COMPLETE,)) if t.datetime_complete is not None]
@@ -143,10 +145,10 @@ class _Worker:
             key, family, _ = self._kind(t)
             if key is not None and trained >= best.get(key, (0.0,))[0]:
                 best[key] = (trained, family, rate)
-        paces = {key: (family, rate) for key, (_, family, rate) in best.items()}
-        paces.update(packing.known_paces(self.dir))
-        paces.update(self.paces)
-        return paces
+        for key, (family, rate, trained) in {**packing.known_paces(self.dir), **self.paces}.items():
+            if trained >= best.get(key, (0.0,))[0]:
+                best[key] = (trained, family, rate)
+        return {key: (family, rate) for key, (_, family, rate) in best.items()}
 
     def _kind(self, t) -> tuple[str | None, str, int | None]:
         """(stack key, family, training steps) of a trial's configuration (key None: not a valid one)."""
@@ -365,12 +367,13 @@ class _Worker:
 
     def _measure_pace(self, configs, left, results, wall: float) -> None:
         """Trial-steps per second over the group just trained, start-up included (what sizes later claims of
-        its kind of stack)."""
+        its kind of stack), kept where the group trained at least as many trial-steps as this worker's
+        longest of the kind before."""
         trained = sum(max(0, n - (c.train.steps - res["steps"])) for c, n, res in zip(configs, left, results)
                       if res is not None and res.get("steps") is not None)
         key, family = _kind_of(configs[0])
-        if trained and wall > 0:
-            self.paces[key] = (family, trained / wall)
+        if trained and wall > 0 and trained >= self.paces.get(key, ("", 0.0, 0.0))[2]:   # the longest group
+            self.paces[key] = (family, trained / wall, trained)
             packing.record_pace(self.dir, self.paces)
 
 
