@@ -211,6 +211,10 @@ def main_train(argv=None) -> int:
         print(table(rows[-1:]).splitlines()[-1], flush=True)
         for k in new.get("profile", []):
             print(f"    {k['ms_per_step']:8.4f} ms  {k['calls']:6.1f}x  {k['kernel']}")
+        if new.get("by_op"):
+            print("    by operator (eager replay of the compiled step; own kernels' time):")
+        for k in new.get("by_op", []):
+            print(f"    {k['ms_per_step']:8.4f} ms  {k['calls']:6.1f}x  {k['op']}  [{k['where'] or '-'}]")
     gpu = torch.cuda.get_device_name()
     text = (f"GPU: {gpu}; torch {torch.__version__}; steps {a.steps}; batch 256; ref: {a.ref or '-'}\n\n"
             + table(rows) + "\n")
