@@ -53,6 +53,29 @@ def test_delta_scan_op_passes_opcheck():
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
+def test_unit_lower_inverse_matches_a_float64_solve_and_passes_opcheck():
+    """(I + A)^-1 of the WY representation (A strictly lower, entries as beta (k . k) with unit keys), value
+    and gradient against float64 autograd through torch's triangular solve; vmap over a stack equals the
+    stack's own call."""
+    C = td.C
+    g_ = torch.Generator().manual_seed(0)
+    k = F.normalize(torch.randn(3, C, 16, generator=g_, dtype=torch.float64), dim=-1)
+    a64 = (torch.rand(3, C, 1, generator=g_, dtype=torch.float64) * (k @ k.mT)).tril(-1).requires_grad_()
+    eye = torch.eye(C, dtype=torch.float64)
+    ref = torch.linalg.solve_triangular(eye + a64, eye.expand(3, C, C), upper=False, unitriangular=True)
+    w = torch.randn(3, C, C, generator=g_, dtype=torch.float64)
+    (da_ref,) = torch.autograd.grad((ref * w).sum(), a64)
+    a = a64.detach().float().requires_grad_()
+    t = td.unit_lower_inverse(a)
+    (da,) = torch.autograd.grad((t * w.float()).sum(), a)
+    assert (t.double() - ref).abs().max() < 1e-5 * ref.abs().max()
+    assert (da.double() - da_ref).abs().max() < 1e-5 * da_ref.abs().max()
+    assert torch.equal(torch.func.vmap(td.unit_lower_inverse, in_dims=1)(a.detach().movedim(0, 1)),
+                       td.unit_lower_inverse(a.detach()))
+    torch.library.opcheck(torch.ops.sandbox.unit_lower_inverse.default, (a.detach()[:1].requires_grad_(),),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
 def _slot_inputs(R, B, T, H, dk, m, seed=0):
     g_ = torch.Generator().manual_seed(seed)
     q, k = torch.randn(R, B, T, H, dk, generator=g_), torch.randn(R, B, T, H, dk, generator=g_) / dk ** 0.5
