@@ -145,7 +145,10 @@ def by_op(cfg, steps: int = 10) -> list[dict]:
         _sync()
     totals: dict[tuple[str, str], list[float]] = {}
     for e in prof.events():
-        if e.self_device_time_total <= 0:      # a kernel counts for the innermost event that launched it
+        # a kernel counts for the innermost host event that launched it; the kernels' own events and the GPU
+        # spans of annotations (an optimizer step's span includes its idle gaps) are left out
+        if (e.self_device_time_total <= 0 or e.device_type != torch.autograd.DeviceType.CPU
+                or getattr(e, "is_user_annotation", False)):
             continue
         key = (e.name[:60], _caller(e))
         t = totals.setdefault(key, [0.0, 0])
