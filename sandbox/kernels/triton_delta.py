@@ -230,6 +230,8 @@ def _scan_bwd(qg, kl, w, aqk, el, hs, vn, do, dht, co, N, need_dh0):
     NC, H, _, K = qg.shape
     V = vn.shape[-1]
     BK, BV = _blocks(K, V)
+    if BK <= 64:    # value tiles up to 128 wide: Gated DeltaNet's V 128 in one tile, so no partials to sum
+        BV = max(BV, min(128, triton.next_power_of_2(V)))
     NV = triton.cdiv(V, BV)
     dev = qg.device
     f32, dt = torch.float32, qg.dtype
