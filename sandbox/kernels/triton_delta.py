@@ -235,9 +235,9 @@ def _scan_bwd(qg, kl, w, aqk, el, hs, vn, do, dht, co, N, need_dh0):
     NV = triton.cdiv(V, BV)
     dev = qg.device
     f32, dt = torch.float32, qg.dtype
-    # one V tile (V <= BV, e.g. K = V = 64): the kernel writes the gradients in the operands' dtype and nothing
-    # is summed or cast after it; several V tiles write fp32 partials, one per tile, summed below (Gated
-    # DeltaNet d128, V 128 in two tiles of 64: 10 reductions and 10 casts, 0.52 of its 7.3 ms step on the H200)
+    # one V tile (V <= BV): the kernel writes the gradients in the operands' dtype and nothing is summed or cast
+    # after it; several V tiles write fp32 partials, one per tile, summed below (Gated DeltaNet d128 in two
+    # tiles of 64 paid 10 reductions and 10 casts for them, 0.52 of its 7.3 ms step on the H200)
     pt = dt if NV == 1 else f32
     dvn = torch.empty(NC, H, C, V, device=dev, dtype=dt)
     dqg = torch.empty(NV, NC, H, C, K, device=dev, dtype=pt)
