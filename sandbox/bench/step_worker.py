@@ -94,26 +94,36 @@ def roofline(cfg) -> dict:
     return {"flops": fc.get_total_flops(), "bytes": 2 * sum(saved.values()) + 28 * n_params, "params": n_params}
 
 
+def _profiled_steps(datas: list[dict], steps: int, **kw):
+    """A group of the configurations ``datas`` (one per replica), 10 steps of warm-up, then the profile of
+    ``steps`` more (torch profiler keyword arguments ``kw``): (group, profile)."""
+    from torch.profiler import profile as torch_profile
+
+    from sandbox.config import load_config
+    from sandbox.train import Group
+
+    group = Group([load_config(data=d) for d in datas])
+    for s in range(10):
+        group.step(*group.batch(s))
+    _sync()
+    with torch_profile(**kw) as prof:
+        for s in range(10, 10 + steps):
+            group.step(*group.batch(s))
+        _sync()
+    return group, prof
+
+
 def profile(cfg, replicas: int, steps: int = 20) -> list[dict]:
     """GPU time per kernel over ``steps`` replayed steps (after warm-up): the 20 largest, and the total."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from sandbox.config import load_config, to_dict
-    from sandbox.train import Group
+    from sandbox.config import to_dict
 
-    cfgs = [load_config(data=to_dict(cfg)) for _ in range(replicas)]
-    group = Group(cfgs)
-    for s in range(10):
-        group.step(*group.batch(s))
-    _sync()
-    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for s in range(10, 10 + steps):
-            group.step(*group.batch(s))
-        _sync()
+    group, prof = _profiled_steps([to_dict(cfg)] * replicas, steps, activities=[ProfilerActivity.CUDA])
     rows = _top(prof, steps)
     # and the generator: drawing the batches of 64 steps
-    task, B = group.tasks[0], cfgs[0].train.batch_size
+    task, B = group.tasks[0], cfg.train.batch_size
     task.sample(B, "train", 0, count=64)
     _sync()
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -128,21 +138,13 @@ def by_op(cfg, steps: int = 10) -> list[dict]:
     it: the step run eagerly (no CUDA graph, whose replay hides who launched a kernel), compiled as in
     the run. The 25 largest operators by their own kernels' time."""
     from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
 
-    from sandbox.config import load_config, to_dict
-    from sandbox.train import Group
+    from sandbox.config import to_dict
 
     data = to_dict(cfg)
     data["train"]["cuda_graph"] = False
-    group = Group([load_config(data=data)])
-    for s in range(10):
-        group.step(*group.batch(s))
-    _sync()
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
-        for s in range(10, 10 + steps):
-            group.step(*group.batch(s))
-        _sync()
+    _, prof = _profiled_steps([data], steps, activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                              with_stack=True)
     totals: dict[tuple[str, str], list[float]] = {}
     for e in prof.events():
         # a kernel counts for the innermost host event that launched it; the kernels' own events and the GPU
