@@ -190,13 +190,23 @@ class LinearMixer(Mixer):
     def project(self, x: torch.Tensor) -> dict:
         """The bias-free projections of x by name (q, k, v, the gate's input, the output gate's), as one matrix
         product: x is read once and one larger product replaces up to five small ones, forward and backward
-        (at d_model 128 each is too small to fill the GPU). The weights stay separate parameters."""
+        (at d_model 128 each is too small to fill the GPU). The weights stay separate parameters.
+
+        The product's width is padded with zero rows to a multiple of 8, so that each row of its output (and of
+        its gradient) starts on a 16-byte boundary in bf16. A scalar gate per head makes the width odd (Gated
+        DeltaNet d128: 770), and for rows of 770 cuBLAS fell back to slower, 2-element-aligned CUTLASS kernels
+        for the products that read or write them (about 0.5 ms of the step on the H200); padded to 776 it uses
+        its usual ones, and Gated DeltaNet's step was 1.035x faster (6.94 -> 6.70 ms). The padding's outputs
+        are dropped, so nothing else changes."""
         gate = self.gate_proj[0] if isinstance(self.gate_proj, nn.Sequential) else self.gate_proj
         mods = {"q": self.q_proj, "k": self.k_proj, "v": self.v_proj,
                 "gate": gate if gate is not None and gate.bias is None else None, "og": self.g_proj}
         mods = {n: m for n, m in mods.items() if m is not None}
         w = torch.cat([m.weight for m in mods.values()])
-        return dict(zip(mods, F.linear(x, w).split([m.out_features for m in mods.values()], -1)))
+        pad = -w.shape[0] % 8
+        if pad:
+            w = torch.cat([w, w.new_zeros(pad, w.shape[1])])
+        return dict(zip(mods, F.linear(x, w).split([m.out_features for m in mods.values()] + [pad], -1)))
 
     def features(self, x: torch.Tensor) -> dict:
         """Queries, keys, values, log-decays and betas for the recurrence, [B, T, H, *]."""
