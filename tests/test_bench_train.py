@@ -60,3 +60,20 @@ def test_the_generators_gpu_share_is_its_profile_block_over_the_step():
     assert row["generator_pct"] == pytest.approx(10.0) and row["generator_gpu_pct"] == pytest.approx(5.0)
     assert "gen GPU %" in table([row])
     assert "generator_gpu_pct" not in summarise("tiny", TINY, {**new, "profile": []}, None, None)
+
+
+def test_a_sweeps_kinds_of_stack_and_their_counts_match_its_grid(tmp_path):
+    """Figure 8 part 1: 3 mixers x dense/top-k x zero/noise tokens x 3 seeds x 3 learning rates = 108 trials;
+    the runner stacks a grid point's 9 (seeds x rates), and zero and noise tokens cost the same, so 6 kinds of
+    18 trials in 2 stacks of 9. A sweep whose two points differ in width has two kinds."""
+    from sandbox.bench.train import kind_name, sweep_kinds
+    kinds = sweep_kinds(str(ROOT / "sweeps" / "sse_fig8_topk.yaml"))
+    assert [(k["trials"], k["stacks"], k["replicas"]) for k in kinds] == [(18, 2, 9)] * 6
+    assert sorted(kind_name(k["data"]) for k in kinds)[0] == "gla_d128_T320_conv_size4"
+    f = tmp_path / "s.yaml"
+    f.write_text("name: s\nbase: {task: {name: mqar, seq_len: 32, num_kv_pairs: 4, vocab_size: 64}, "
+                 "model: {mixer: gla, d_model: 32}, train: {steps: 10}}\n"
+                 "grid: {model.d_model: [32, 64]}\ntune: {train.lr: [1.0e-3, 3.0e-3, 1.0e-2]}\n"
+                 "objective: {metric: test/accuracy, mode: best}\n")
+    assert [(kind_name(k["data"]), k["trials"], k["stacks"], k["replicas"]) for k in sweep_kinds(str(f))] == \
+        [("gla_d32_T32", 3, 1, 3), ("gla_d64_T32", 3, 1, 3)]

@@ -11,6 +11,12 @@ pool, the final evaluation), peak GPU memory, the roofline (FLOPs and the bytes 
 measured bf16 matrix rate and copy bandwidth) and how far above it the step runs, and the largest
 relative difference of the training loss from the reference code's over the first 200 steps.
 With ``--replicas R`` the stacked replicas of each configuration are timed as well (trial-steps/s).
+
+With ``--sweep FILE`` it times a sweep's grid instead: one stack of each kind of trial the runner would stack
+(its grid points differing only in learning rate and seed share a stack; kinds of equal shapes and settings,
+e.g. zero and noise tokens, are timed once), and estimates the GPU-minutes of the whole sweep at those rates:
+per kind, its stacks x (steps x the stack's ms per step + the start-up measured with it), one stack after
+another on one GPU with no early stop (an upper bound: a second worker under MPS overlaps start-ups).
 """
 from __future__ import annotations
 
@@ -170,6 +176,87 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def sweep_kinds(path: str, cap: int = 12) -> list[dict]:
+    """The kinds of stack of a sweep file: per kind of equal cost (the run config without seed, name, learning
+    rate and the task's content: its kind, length and vocabulary stay), the config of its first trial, its
+    trials and stacks, and the stack size the runner would use (``packing.group_size``)."""
+    import math
+
+    from sandbox.config import to_dict
+    from sandbox.sweep.packing import group_size
+    from sandbox.sweep.spec import load_sweep
+    from sandbox.train import stack_key
+    spec = load_sweep(path)
+    size = group_size(spec, cap)
+    stacks: dict[str, list[dict]] = {}
+    for p in spec.points():
+        cfg = spec.point_config(p)
+        stacks.setdefault(stack_key(cfg), []).append(to_dict(cfg))
+    kinds: dict[str, dict] = {}
+    for trials in stacks.values():
+        d = trials[0]
+        task = {k: d["task"].get(k) for k in ("name", "seq_len", "vocab_size")}
+        cost = json.dumps({**d, "seed": None, "name": None, "task": task,
+                           "train": {k: v for k, v in d["train"].items() if k != "lr"}}, sort_keys=True, default=str)
+        k = kinds.setdefault(cost, {"data": d, "trials": 0, "stacks": 0, "replicas": min(size, len(trials))})
+        k["trials"] += len(trials)
+        k["stacks"] += math.ceil(len(trials) / size)
+    return list(kinds.values())
+
+
+def kind_name(d: dict) -> str:
+    m = d["model"]
+    extra = m.get(m["mixer"]) if isinstance(m.get(m["mixer"]), dict) else {}
+    parts = [m["mixer"], f"d{m['d_model']}", f"T{d['task'].get('seq_len')}"]
+    parts += [f"{k}{extra[k]}" for k in ("topk", "conv_size", "n", "k", "num_slots") if extra.get(k)]
+    return "_".join(str(x) for x in parts)
+
+
+def estimate_sweep(path: str, steps: int, out: Path) -> int:
+    """Time one stack of each kind of ``path``'s trials; print and write the sweep's estimated GPU-minutes."""
+    rows, total = [], 0.0
+    for kind in sweep_kinds(path):
+        d = json.loads(json.dumps(kind["data"]))
+        trial_steps = d["train"]["steps"]
+        d["train"].update(steps=steps, eval_every=steps, log_every=25, early_stop=None, compile=True)
+        name = kind_name(d)
+        res = run_one(ROOT, name, d, out / name, replicas=kind["replicas"])
+        row = {"kind": name, "trials": kind["trials"], "stacks": kind["stacks"], "replicas": kind["replicas"]}
+        if "error" in res:
+            rows.append({**row, "error": res["error"]})
+            print(f"{name}: {res['error']}", flush=True)
+            continue
+        ms = 1e3 / res["steps_per_sec"]
+        start = res["wall_s"] - steps * ms / 1e3
+        minutes = kind["stacks"] * (trial_steps * ms / 1e3 + start) / 60
+        total += minutes
+        row.update(ms_per_stack_step=ms, trial_steps_per_s=kind["replicas"] * 1e3 / ms, start_s=start,
+                   gpu_minutes=minutes, peak_gib=res["peak_gib"])
+        rows.append(row)
+        print(f"{name}: {kind['trials']} trials in {kind['stacks']} stacks of {kind['replicas']}: "
+              f"{ms:.2f} ms per stacked step, {row['trial_steps_per_s']:.0f} trial-steps/s, start-up {start:.0f} s, "
+              f"{minutes:.1f} GPU-minutes", flush=True)
+    import torch
+    gpu = torch.cuda.get_device_name()
+    lines = [f"{path} on {gpu}: about **{total:.1f} GPU-minutes** (stacks one after another, no early stop, "
+             f"timed over {steps} steps each)", "",
+             "| kind | trials | stacks x replicas | ms / stacked step | trial-steps / s | start-up s | GPU-min |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['kind']}: {r['error']} | {r['trials']} | {r['stacks']} x {r['replicas']} | - | - | - | - |")
+        else:
+            lines.append(f"| {r['kind']} | {r['trials']} | {r['stacks']} x {r['replicas']} | {r['ms_per_stack_step']:.2f} "
+                         f"| {r['trial_steps_per_s']:.0f} | {r['start_s']:.0f} | {r['gpu_minutes']:.1f} |")
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "estimate.md").write_text(text)
+    (out / "estimate.json").write_text(json.dumps({"sweep": path, "gpu": gpu, "torch": torch.__version__,
+                                                   "steps": steps, "gpu_minutes": total, "rows": rows}, indent=1))
+    return 1 if any("error" in r for r in rows) else 0
+
+
 def main_train(argv=None) -> int:
     p = argparse.ArgumentParser(prog="sandbox bench train", description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", default=",".join(REFERENCE), help="comma-separated names (default: all): "
@@ -181,7 +268,15 @@ def main_train(argv=None) -> int:
                    help="override a config key in every configuration, e.g. --set train.compile=false")
     p.add_argument("--profile", action="store_true", help="also list the GPU time of each kernel of the step")
     p.add_argument("--out", default="runs/bench_train", help="directory for runs, logs and bench.json/bench.md")
+    p.add_argument("--sweep", metavar="FILE", help="time one stack of each kind of this sweep's trials instead, and "
+                   "estimate the sweep's GPU-minutes (estimate.md/.json in --out)")
     a = p.parse_args(argv)
+    if a.sweep:
+        import torch
+        if not torch.cuda.is_available():
+            print("sandbox bench train: error: needs a CUDA GPU", file=sys.stderr)
+            return 1
+        return estimate_sweep(a.sweep, a.steps, Path(a.out))
     names = [n.strip() for n in a.configs.split(",") if n.strip()]
     unknown = [n for n in names if n not in REFERENCE]
     if unknown:
