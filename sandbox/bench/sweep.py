@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from sandbox.bench.train import ROOT, ref_code
+from sandbox.bench.train import ROOT, config_words, ref_code
 
 
 def run_window(code: Path, sweep_file: Path, out: Path, seconds: float, args: list[str]) -> dict:
@@ -66,18 +66,10 @@ def count(sweep_dir: Path) -> dict:
     return {"trial_steps": steps, "status": status, "best": best}
 
 
-def describe(key: str, base: dict | None = None) -> str:
-    """A grid point's config in a few words (mixer, width, top-k, conv, task lengths)."""
+def describe(key: str) -> str:
+    """A grid point's config in a few words (mixer, width, length, the mixer's options, the task's gap and noise)."""
     c = json.loads(key)
-    m, t = c["model"], c["task"]
-    extra = m.get(m["mixer"], {}) if isinstance(m.get(m["mixer"]), dict) else {}
-    parts = [m["mixer"], f"d{m['d_model']}"]
-    if extra.get("topk"):
-        parts.append(f"top{extra['topk']}")
-    if extra.get("conv_size"):
-        parts.append(f"conv{extra['conv_size']}")
-    parts.append(f"T{t.get('seq_len')} gap{t.get('gap', 0)} noise{t.get('noise', 0)}")
-    return " ".join(parts)
+    return " ".join(config_words(c) + [f"gap{c['task'].get('gap', 0)}", f"noise{c['task'].get('noise', 0)}"])
 
 
 def main_sweep(argv=None) -> int:

@@ -193,23 +193,26 @@ def sweep_kinds(path: str, cap: int = 12) -> list[dict]:
         cfg = spec.point_config(p)
         stacks.setdefault(stack_key(cfg), []).append(to_dict(cfg))
     kinds: dict[str, dict] = {}
-    for trials in stacks.values():
-        d = trials[0]
-        task = {k: d["task"].get(k) for k in ("name", "seq_len", "vocab_size")}
-        cost = json.dumps({**d, "seed": None, "name": None, "task": task,
-                           "train": {k: v for k, v in d["train"].items() if k != "lr"}}, sort_keys=True, default=str)
-        k = kinds.setdefault(cost, {"data": d, "trials": 0, "stacks": 0, "replicas": min(size, len(trials))})
+    for key, trials in stacks.items():
+        cost = json.loads(key)
+        cost["task"] = {k: cost["task"].get(k) for k in ("name", "seq_len", "vocab_size")}
+        k = kinds.setdefault(json.dumps(cost, sort_keys=True),
+                             {"data": trials[0], "trials": 0, "stacks": 0, "replicas": min(size, len(trials))})
         k["trials"] += len(trials)
         k["stacks"] += math.ceil(len(trials) / size)
     return list(kinds.values())
 
 
-def kind_name(d: dict) -> str:
+def config_words(d: dict) -> list[str]:
+    """A run config (``to_dict`` form) in a few words: mixer, width, length and the mixer's shaping options."""
     m = d["model"]
     extra = m.get(m["mixer"]) if isinstance(m.get(m["mixer"]), dict) else {}
-    parts = [m["mixer"], f"d{m['d_model']}", f"T{d['task'].get('seq_len')}"]
-    parts += [f"{k}{extra[k]}" for k in ("topk", "conv_size", "n", "k", "num_slots") if extra.get(k)]
-    return "_".join(str(x) for x in parts)
+    return [m["mixer"], f"d{m['d_model']}", f"T{d['task'].get('seq_len')}"] + \
+        [f"{k}{extra[k]}" for k in ("topk", "conv_size", "n", "k", "num_slots") if extra.get(k)]
+
+
+def kind_name(d: dict) -> str:
+    return "_".join(config_words(d))
 
 
 def estimate_sweep(path: str, steps: int, out: Path) -> int:
