@@ -268,8 +268,9 @@ def test_bad_config_is_a_clear_error(field, value, match):
 @pytest.mark.parametrize("overrides", [{}, {"conv_size": 4, "topk": 3}], ids=["plain", "conv_topk"])
 @pytest.mark.parametrize("name", LINEAR)
 def test_one_product_for_the_input_projections_equals_one_per_module(name, overrides, monkeypatch):
-    """``project`` multiplies x by the stacked bias-free weights once; calling each projection module on x
-    (what it replaced) must give the same output and gradients, in float64."""
+    """``project`` multiplies x by the stacked bias-free weights once (and its backward concatenates the pieces'
+    gradients with ``sandbox::cat_columns``); calling each projection module on x (what it replaced) must give
+    the same output and gradients, in float64."""
     overrides = dict(overrides)
     if overrides.get("conv_size") and "conv_size" not in {f.name for f in dataclasses.fields(mixer_config_class(name))}:
         overrides.pop("conv_size")
@@ -279,7 +280,13 @@ def test_one_product_for_the_input_projections_equals_one_per_module(name, overr
     gate = split.gate_proj[0] if isinstance(split.gate_proj, torch.nn.Sequential) else split.gate_proj
     mods = {"q": split.q_proj, "k": split.k_proj, "v": split.v_proj,
             "gate": gate if gate is not None and gate.bias is None else None, "og": split.g_proj}
-    monkeypatch.setattr(split, "project", lambda x: {n: m(x) for n, m in mods.items() if m is not None})
+    def per_module(x):
+        out = {n: m(x) for n, m in mods.items() if m is not None}
+        if split.conv is not None:          # the convolution's input: q, k, v side by side
+            out = {"qkv": torch.cat([out.pop(n) for n in ("q", "k", "v") if n in out], -1), **out}
+        return out
+
+    monkeypatch.setattr(split, "project", per_module)
     x = torch.randn(2, 40, CTX.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     outs = []
     for m in (fused, split):

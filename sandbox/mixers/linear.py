@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sandbox.kernels import IMPLS, linear_recurrence
+from sandbox.kernels.split_linear import split_linear
 from sandbox.mixers.base import Mixer, MixerContext
 from sandbox.mixers.feature_maps import FEATURE_MAPS, balance_loss, feature_map, softmax_topk
 
@@ -197,16 +198,29 @@ class LinearMixer(Mixer):
         DeltaNet d128: 770), and for rows of 770 cuBLAS fell back to slower, 2-element-aligned CUTLASS kernels
         for the products that read or write them (about 0.5 ms of the step on the H200); padded to 776 it uses
         its usual ones, and Gated DeltaNet's step was 1.035x faster (6.94 -> 6.70 ms). The padding's outputs
-        are dropped, so nothing else changes."""
+        are dropped, so nothing else changes.
+
+        With a short convolution, its input (the q, k and v columns, which lead the product) is one piece,
+        "qkv", so the convolution reads it as it is and its gradient comes back as one tensor. The backward
+        concatenates the pieces' gradients as a plain copy (``split_linear``), not as one pointwise kernel
+        that evaluates every piece's backward at every column."""
         gate = self.gate_proj[0] if isinstance(self.gate_proj, nn.Sequential) else self.gate_proj
         mods = {"q": self.q_proj, "k": self.k_proj, "v": self.v_proj,
                 "gate": gate if gate is not None and gate.bias is None else None, "og": self.g_proj}
         mods = {n: m for n, m in mods.items() if m is not None}
+        names, sizes = list(mods), [m.out_features for m in mods.values()]
+        if self.conv is not None:       # the convolution's input, the leading q, k, v columns, as one piece
+            n = len(self.qkv_sizes())
+            names, sizes = ["qkv"] + names[n:], [sum(sizes[:n])] + sizes[n:]
         w = torch.cat([m.weight for m in mods.values()])
         pad = -w.shape[0] % 8
         if pad:
             w = torch.cat([w, w.new_zeros(pad, w.shape[1])])
-        return dict(zip(mods, F.linear(x, w).split([m.out_features for m in mods.values()] + [pad], -1)))
+        return dict(zip(names, split_linear(x, w, sizes + [pad] if pad else sizes)))
+
+    def qkv_sizes(self) -> list[int]:
+        """Widths of the q, k (where the mixer has its own keys) and v projections, in that order."""
+        return [m.out_features for m in (self.q_proj, self.k_proj, self.v_proj) if m is not None]
 
     def features(self, x: torch.Tensor) -> dict:
         """Queries, keys, values, log-decays and betas for the recurrence, [B, T, H, *]."""
@@ -214,10 +228,10 @@ class LinearMixer(Mixer):
         B, T, _ = x.shape
         H, K = self.H, self.K
         proj = self.project(x)
-        parts = [proj[n] for n in ("q", "k", "v") if n in proj]
         if self.conv is not None:
-            sizes = [p.shape[-1] for p in parts]
-            parts = list(causal_conv(torch.cat(parts, -1), self.conv).split(sizes, -1))
+            parts = list(causal_conv(proj["qkv"], self.conv).split(self.qkv_sizes(), -1))
+        else:
+            parts = [proj[n] for n in ("q", "k", "v") if n in proj]
         q = parts[0].view(B, T, H, self.QK)
         v = parts[-1].view(B, T, H, self.V)
         p = {"q": feature_map(cfg.feature_map, q), "v": v, "g": None, "beta": None, "dt": None, "og": proj.get("og")}
