@@ -77,3 +77,15 @@ def test_a_sweeps_kinds_of_stack_and_their_counts_match_its_grid(tmp_path):
                  "objective: {metric: test/accuracy, mode: best}\n")
     assert [(kind_name(k["data"]), k["trials"], k["stacks"], k["replicas"]) for k in sweep_kinds(str(f))] == \
         [("gla_d32_T32", 3, 1, 3), ("gla_d64_T32", 3, 1, 3)]
+
+
+def test_an_unknown_kind_is_refused_with_the_sweeps_kinds_before_any_gpu_work(capsys):
+    """``--kinds`` names kinds as estimate.md does; a name the sweep lacks stops the command (exit 2) with
+    the kinds it has, on any machine, before anything trains."""
+    from sandbox.bench.train import main_train
+    f = str(ROOT / "sweeps" / "sse_fig8_topk.yaml")
+    assert main_train(["--sweep", f, "--kinds", "gla_d128_T320_conv_size4,gla_d999"]) == 2
+    err = capsys.readouterr().err
+    assert "no kind gla_d999" in err and "gsa_d128_T320_topk16_conv_size4_num_slots64" in err
+    assert main_train(["--kinds", "gla_d128_T320_conv_size4"]) == 2
+    assert "--kinds needs --sweep" in capsys.readouterr().err

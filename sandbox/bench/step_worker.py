@@ -217,7 +217,13 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else None
     sps = [v for s, v in _scalars(run_dir, "perf/steps_per_sec") if s > 100]
-    res = {"steps_per_sec": statistics.median(sps) if sps else None, "wall_s": wall, "peak_gib": peak,
+    # where the wall time outside the steady steps went (code that records it): the group's start-up (build,
+    # data pool, compilation, graph capture) and the evaluations (every replica's, one after another)
+    dirs = [out / str(i) for i in range(a.replicas)] if a.replicas > 1 else [out]
+    done = [json.loads((d / "result.json").read_text()) for d in dirs if (d / "result.json").exists()]
+    parts = {"setup_s": done[0]["setup_s"], "eval_s": sum(r["eval_s"] for r in done)} \
+        if done and "setup_s" in done[0] else {}
+    res = {**parts, "steps_per_sec": statistics.median(sps) if sps else None, "wall_s": wall, "peak_gib": peak,
            "loss": _scalars(run_dir, "train/loss"), "replicas": a.replicas,
            "generator_ms": generator_ms(cfg, min(steps, 200))}
     if a.roofline and cuda:

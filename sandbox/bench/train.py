@@ -215,10 +215,24 @@ def kind_name(d: dict) -> str:
     return "_".join(config_words(d))
 
 
-def estimate_sweep(path: str, steps: int, out: Path) -> int:
-    """Time one stack of each kind of ``path``'s trials; print and write the sweep's estimated GPU-minutes."""
+def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = None) -> int:
+    """Time one stack of each kind of ``path``'s trials (or of the kinds named in ``only``); print and write
+    the estimated GPU-minutes of the sweep (of those kinds)."""
+    kinds = sweep_kinds(path)
+    names = [kind_name(k["data"]) for k in kinds]
+    if only:
+        unknown = [n for n in only if n not in names]
+        if unknown:
+            print(f"sandbox bench train: error: --kinds: {path} has no kind {', '.join(unknown)}; its kinds: "
+                  f"{', '.join(names)}", file=sys.stderr)
+            return 2
+        kinds = [k for k, n in zip(kinds, names) if n in only]
+    import torch
+    if not torch.cuda.is_available():
+        print("sandbox bench train: error: needs a CUDA GPU", file=sys.stderr)
+        return 1
     rows, total = [], 0.0
-    for kind in sweep_kinds(path):
+    for kind in kinds:
         d = json.loads(json.dumps(kind["data"]))
         trial_steps = d["train"]["steps"]
         d["train"].update(steps=steps, eval_every=steps, log_every=25, early_stop=None, compile=True)
@@ -234,30 +248,41 @@ def estimate_sweep(path: str, steps: int, out: Path) -> int:
         minutes = kind["stacks"] * (trial_steps * ms / 1e3 + start) / 60
         total += minutes
         row.update(ms_per_stack_step=ms, trial_steps_per_s=kind["replicas"] * 1e3 / ms, start_s=start,
-                   gpu_minutes=minutes, peak_gib=res["peak_gib"])
+                   setup_s=res.get("setup_s"), eval_s=res.get("eval_s"), gpu_minutes=minutes, peak_gib=res["peak_gib"])
         rows.append(row)
         print(f"{name}: {kind['trials']} trials in {kind['stacks']} stacks of {kind['replicas']}: "
-              f"{ms:.2f} ms per stacked step, {row['trial_steps_per_s']:.0f} trial-steps/s, start-up {start:.0f} s, "
-              f"{minutes:.1f} GPU-minutes", flush=True)
-    import torch
+              f"{ms:.2f} ms per stacked step, {row['trial_steps_per_s']:.0f} trial-steps/s, start-up {start:.0f} s "
+              f"({_start_parts(row)}), {minutes:.1f} GPU-minutes", flush=True)
     gpu = torch.cuda.get_device_name()
-    lines = [f"{path} on {gpu}: about **{total:.1f} GPU-minutes** (stacks one after another, no early stop, "
-             f"timed over {steps} steps each)", "",
-             "| kind | trials | stacks x replicas | ms / stacked step | trial-steps / s | start-up s | GPU-min |",
-             "|---|---|---|---|---|---|---|"]
+    which = f"{len(kinds)} of its {len(names)} kinds" if only else "all its kinds"
+    lines = [f"{path} ({which}) on {gpu}: about **{total:.1f} GPU-minutes** (stacks one after another, no early "
+             f"stop, timed over {steps} steps each)", "",
+             "| kind | trials | stacks x replicas | ms / stacked step | trial-steps / s | start-up s | of it | GPU-min |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['kind']}: {r['error']} | {r['trials']} | {r['stacks']} x {r['replicas']} | - | - | - | - |")
+            lines.append(f"| {r['kind']}: {r['error']} | {r['trials']} | {r['stacks']} x {r['replicas']} | - | - | - | - "
+                         "| - |")
         else:
             lines.append(f"| {r['kind']} | {r['trials']} | {r['stacks']} x {r['replicas']} | {r['ms_per_stack_step']:.2f} "
-                         f"| {r['trial_steps_per_s']:.0f} | {r['start_s']:.0f} | {r['gpu_minutes']:.1f} |")
+                         f"| {r['trial_steps_per_s']:.0f} | {r['start_s']:.0f} | {_start_parts(r)} | {r['gpu_minutes']:.1f} |")
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     out.mkdir(parents=True, exist_ok=True)
     (out / "estimate.md").write_text(text)
     (out / "estimate.json").write_text(json.dumps({"sweep": path, "gpu": gpu, "torch": torch.__version__,
-                                                   "steps": steps, "gpu_minutes": total, "rows": rows}, indent=1))
+                                                   "steps": steps, "kinds": f"{len(kinds)} of {len(names)}",
+                                                   "gpu_minutes": total, "rows": rows}, indent=1))
     return 1 if any("error" in r for r in rows) else 0
+
+
+def _start_parts(row: dict) -> str:
+    """A timed stack's start-up in parts: its group's set-up (build, pool, compilation, capture), its evaluations
+    and the rest (the process, imports, the final writes)."""
+    if row.get("setup_s") is None:
+        return "-"
+    rest = row["start_s"] - row["setup_s"] - row["eval_s"]
+    return f"set-up {row['setup_s']:.0f}, evals {row['eval_s']:.0f}, process {rest:.0f}"
 
 
 def main_train(argv=None) -> int:
@@ -273,13 +298,15 @@ def main_train(argv=None) -> int:
     p.add_argument("--out", default="runs/bench_train", help="directory for runs, logs and bench.json/bench.md")
     p.add_argument("--sweep", metavar="FILE", help="time one stack of each kind of this sweep's trials instead, and "
                    "estimate the sweep's GPU-minutes (estimate.md/.json in --out)")
+    p.add_argument("--kinds", metavar="NAMES", help="with --sweep: time only these kinds (comma-separated, as "
+                   "estimate.md names them, e.g. gsa_d64_T320_conv_size4_num_slots64)")
     a = p.parse_args(argv)
     if a.sweep:
-        import torch
-        if not torch.cuda.is_available():
-            print("sandbox bench train: error: needs a CUDA GPU", file=sys.stderr)
-            return 1
-        return estimate_sweep(a.sweep, a.steps, Path(a.out))
+        only = [n.strip() for n in a.kinds.split(",") if n.strip()] if a.kinds else None
+        return estimate_sweep(a.sweep, a.steps, Path(a.out), only)
+    if a.kinds:
+        print("sandbox bench train: error: --kinds needs --sweep FILE", file=sys.stderr)
+        return 2
     names = [n.strip() for n in a.configs.split(",") if n.strip()]
     unknown = [n for n in names if n not in REFERENCE]
     if unknown:
