@@ -17,6 +17,7 @@ With ``--sweep FILE`` it times a sweep's grid instead: one stack of each kind of
 e.g. zero and noise tokens, are timed once), and estimates the GPU-minutes of the whole sweep at those rates:
 per kind, its stacks x (steps x the stack's ms per step + the start-up measured with it), one stack after
 another on one GPU with no early stop (an upper bound: a second worker under MPS overlaps start-ups).
+``--kinds NAMES`` times only the named kinds, for a sweep with more kinds than one GPU call can time.
 """
 from __future__ import annotations
 
@@ -278,11 +279,11 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
 
 def _start_parts(row: dict) -> str:
     """A timed stack's start-up in parts: its group's set-up (build, pool, compilation, capture), its evaluations
-    and the rest (the process, imports, the final writes)."""
+    and the rest of the training call outside its steady steps (checkpoints, logs, the result's files)."""
     if row.get("setup_s") is None:
         return "-"
     rest = row["start_s"] - row["setup_s"] - row["eval_s"]
-    return f"set-up {row['setup_s']:.0f}, evals {row['eval_s']:.0f}, process {rest:.0f}"
+    return f"set-up {row['setup_s']:.0f}, evals {row['eval_s']:.0f}, other {rest:.0f}"
 
 
 def main_train(argv=None) -> int:
