@@ -8,10 +8,11 @@ of the whole width, the backward arithmetic of every piece (feature maps, gates,
 masked to the piece its column falls in, reading each input in the output's order; torch 2.11 has no
 setting that changes this for up to 8 pieces. Here the concatenation is an opaque op
 (``sandbox::cat_columns``), so each piece's gradient is made by its own fused kernel, tiled for its own
-layout, and the op copies the pieces side by side. Measured on the H200 (one call, each step compiled):
-Gated DeltaNet d128 T256 1.11x (5.978 -> 5.370 ms; its concatenation kernel alone took 0.93 ms), the
-Figure 8 GLA 1.04x (2.075 -> 1.991 ms); losses equal to the bit. Products per piece instead of a
-concatenation were slower at GLA (2.131 ms: a dozen more small products per step).
+layout, and the op copies the pieces side by side. Measured on the H200 against the code before, in one
+call (results/throughput/bench_split_linear.json): Gated DeltaNet d128 T256 1.11x (5.976 -> 5.368 ms; its
+concatenation kernel alone took 0.93 ms), the Figure 8 GLA and GLA conv 4 1.05x, GSA, SSE and GLA top-8
+0.99x; GLA's and GSA's losses equal to the bit. Products per piece instead of a concatenation were slower at
+GLA (2.131 against 2.075 ms: a dozen more small products per step; bench_projection_variants.txt).
 """
 from __future__ import annotations
 
