@@ -202,3 +202,73 @@ def test_vmap_of_the_embedding_equals_one_lookup_each(shared_ids):
     (ref * w_out).sum().backward()
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     torch.testing.assert_close(W.grad, Ws.grad, rtol=1e-6, atol=1e-6)
+
+
+# -- the short causal convolution (conv on q, k, v) with its silu ------------------------------------------
+
+def _conv_loop(x, w, per):
+    """silu of the causal depthwise convolution by a loop over positions and taps, in float64."""
+    N, T, C = x.shape
+    W = w.shape[-1]
+    y = torch.zeros(N, T, C, dtype=torch.float64)
+    for n in range(N):
+        for t in range(T):
+            for j in range(W):
+                s = t + j - (W - 1)
+                if s >= 0:
+                    y[n, t] = y[n, t] + w[n // per, :, j] * x[n, s]
+    return F.silu(y)
+
+
+@pytest.mark.parametrize("T, W, G", [(5, 4, 1), (70, 4, 2), (66, 2, 1), (9, 1, 2), (3, 4, 2)])
+def test_short_conv_kernels_equal_a_float64_loop(T, W, G):
+    """Values and both gradients of the Triton kernels against autograd through a float64 loop: T 70 and 66
+    cross the 64-position tile (the backward reads the next tile's first W - 1 positions), C 80 leaves a part
+    column tile, the input is a column slice of a wider tensor (a projection's leading columns), and G = 2
+    weight groups (stacked replicas) each serve their own sequences."""
+    from sandbox.kernels.triton_short_conv import short_conv_grad_triton, short_conv_triton
+    N, C = 4, 80
+    g_ = torch.Generator().manual_seed(T * 10 + W)
+    wide = torch.randn(N, T, C + 7, generator=g_)
+    x = wide[..., :C]
+    w = torch.randn(G, C, W, generator=g_) / W ** 0.5
+    dy = torch.randn(N, T, C, generator=g_)
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    ref = _conv_loop(xd, wd, N // G)
+    dx_ref, dw_ref = torch.autograd.grad(ref, (xd, wd), dy.double())
+    y = short_conv_triton(x, w)
+    dx, dw = short_conv_grad_triton(dy, x, w)
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dx.double(), dx_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dw.double(), dw_ref, rtol=1e-4, atol=1e-4)
+    assert dw.dtype == torch.float32 and dx.dtype == x.dtype
+
+
+def test_short_conv_op_passes_opcheck():
+    import sandbox.kernels.short_conv  # noqa: F401  (registers the ops)
+    x = torch.randn(3, 7, 10, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(1, 10, 4, dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(torch.ops.sandbox.short_conv.default, (x, w),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    torch.autograd.gradcheck(torch.ops.sandbox.short_conv, (x, w))
+
+
+def test_vmap_of_the_short_conv_equals_one_call_each_also_compiled():
+    """Stacked replicas (inputs [R, B, T, C], weights [R, C, W]) fold into one call with R weight groups: values
+    and every replica's gradients equal R separate calls and a float64 loop, eagerly and under torch.compile."""
+    from sandbox.kernels.short_conv import short_conv
+    R, B, T, C, W = 3, 2, 9, 6, 4
+    g_ = torch.Generator().manual_seed(5)
+    x = torch.randn(R, B, T, C, dtype=torch.float64, generator=g_, requires_grad=True)
+    w = torch.randn(R, C, W, dtype=torch.float64, generator=g_, requires_grad=True)
+    dy = torch.randn(R, B, T, C, dtype=torch.float64, generator=g_)
+    ref = torch.stack([_conv_loop(x[r].detach(), w[r, None].detach(), B) for r in range(R)])
+    xs, ws = x.detach().requires_grad_(), w.detach().requires_grad_()
+    torch.stack([short_conv(xs[r], ws[r]) for r in range(R)]).backward(dy)
+    for f in (torch.func.vmap(short_conv), torch.compile(torch.func.vmap(short_conv), backend="aot_eager")):
+        x.grad = w.grad = None
+        y = f(x, w)
+        y.backward(dy)
+        torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(x.grad, xs.grad, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(w.grad, ws.grad, rtol=1e-12, atol=1e-12)

@@ -236,11 +236,11 @@ def test_short_conv_is_causal():
 
 @pytest.mark.parametrize("T, w", [(1, 4), (3, 4), (12, 4), (9, 2), (5, 1)])
 def test_short_conv_under_compile_equals_torchs_depthwise_conv1d(T, w):
-    """The shifted multiply-adds that a compiled model runs: values and gradients against ``conv1d`` with
-    groups = channels on the left-padded input (float64; traced by Dynamo, run by AOTAutograd)."""
-    from sandbox.mixers.linear import causal_conv
+    """The conv op as a compiled model runs it: values and gradients against ``conv1d`` with groups = channels
+    on the left-padded input (float64; traced by Dynamo, run by AOTAutograd)."""
+    from sandbox.kernels.short_conv import short_conv
     torch._dynamo.reset()
-    compiled = torch.compile(causal_conv, backend="aot_eager", fullgraph=True)
+    compiled = torch.compile(short_conv, backend="aot_eager", fullgraph=True)
     g = torch.Generator().manual_seed(T * 10 + w)
     x = torch.randn(2, T, 6, dtype=torch.float64, generator=g, requires_grad=True)
     wt = torch.randn(6, w, dtype=torch.float64, generator=g, requires_grad=True)

@@ -1,8 +1,8 @@
 """Correctness checks of the Triton kernels against the float64 torch reference.
 
 Every kernel family (gate none / scalar / diagonal, with initial and final state, packed
-variable-length segments with empty ones, delta rule, decode, GSA's slot scores) runs on fresh random inputs and
-is compared with ``chunk_reference`` on the same inputs upcast to float64, by
+variable-length segments with empty ones, delta rule, decode, GSA's slot scores, the short convolution) runs on
+fresh random inputs and is compared with its torch form on the same inputs upcast to float64, by
 ``|out - ref| / |ref|`` for the output, the final state and every gradient. ``sandbox bench
 kernels --check`` runs these on the GPU before timing and refuses to time a kernel that fails
 (triton 3.4-3.7.0 is known to miscompile some gated chunk backward kernels on Hopper).
@@ -144,6 +144,24 @@ def check_slot_scores(dtype, device, B=3, T=333, H=2, dk=64, m=64) -> dict:
     return {"errors": errs, "ok": all(e <= TOL[dtype] for e in errs.values()), "tol": TOL[dtype]}
 
 
+def check_short_conv(dtype, device, N=6, T=333, C=400, W=4, G=3) -> dict:
+    """The convolution on q, k, v (``triton_short_conv.py``) against its float64 torch form: output and the
+    gradients of x and w, x a column slice of a wider product (as the linear mixers pass it), G weight groups."""
+    from sandbox.kernels.short_conv import short_conv  # noqa: F401  (registers the ops)
+
+    x = torch.randn(N, T, C + 144, device=device)[..., :C].to(dtype)
+    w = (torch.randn(G, C, W, device=device) / math.sqrt(W)).requires_grad_()
+    xs = x.detach().requires_grad_()
+    xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    y = torch.ops.sandbox.short_conv(xs, w)
+    ry = torch.ops.sandbox.short_conv(xr, wr)
+    dy = torch.randn_like(ry)
+    y.backward(dy.to(dtype))
+    ry.backward(dy)
+    errs = {"o": rel_err(y, ry), "dx": rel_err(xs.grad, xr.grad), "dw": rel_err(w.grad, wr.grad)}
+    return {"errors": errs, "ok": all(e <= TOL[dtype] for e in errs.values()), "tol": TOL[dtype]}
+
+
 def _family_cases(dtype):
     """(name, kernel, make_inputs args, make_inputs kwargs, scale) of every family check at one dtype."""
     dn = str(dtype)[6:]
@@ -191,6 +209,7 @@ def family_checks(device) -> dict:
         for name, fn, args, kw, scale in _family_cases(dtype):
             run(name, dtype, lambda: check_recurrence(fn, make_inputs(*args, dtype, device, **kw), scale, TOL[dtype]))
         run(f"slot_scores_{str(dtype)[6:]}", dtype, lambda: check_slot_scores(dtype, device))
+        run(f"short_conv_{str(dtype)[6:]}", dtype, lambda: check_short_conv(dtype, device))
         run(None, dtype, lambda: check_decode(dtype, device))          # several entries of its own
     return out
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sandbox.kernels import IMPLS, linear_recurrence
+from sandbox.kernels.short_conv import short_conv
 from sandbox.kernels.split_linear import split_linear
 from sandbox.mixers.base import Mixer, MixerContext
 from sandbox.mixers.feature_maps import FEATURE_MAPS, balance_loss, feature_map, softmax_topk
@@ -92,27 +93,6 @@ class LinearConfig:
         rows = self.state_rows(model.d_model, model.n_heads)
         if self.topk is not None and self.topk > rows:
             raise ValueError(f"topk: must be <= {rows}, the state rows per head; got {self.topk}")
-
-
-def causal_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Depthwise causal conv of x [B, T, C] with weight [C, w], followed by silu, in x's dtype.
-
-    Eager: torch's depthwise ``conv1d``. Traced by ``torch.compile``: ``y_t = sum_j weight[:, j] x_{t-w+1+j}``
-    as w shifted multiply-adds (16-bit inputs summed in float32), which compile fuses with the silu into a
-    few elementwise and reduction kernels. (On the H200 ``conv1d`` took 1.15 ms of GSA's 7.6 ms compiled
-    Figure 8 step, for a tensor read in about 0.03 ms; eager, the shifted form would write w float32
-    copies of x instead.)"""
-    w, T = weight.shape[-1], x.shape[1]
-    if not torch.compiler.is_compiling():
-        y = F.conv1d(F.pad(x.transpose(1, 2), (w - 1, 0)), weight[:, None, :], groups=x.shape[-1])
-        return F.silu(y.transpose(1, 2))
-    acc = torch.promote_types(x.dtype, torch.float32)
-    xp = F.pad(x, (0, 0, w - 1, 0)).to(acc)
-    wt = weight.to(acc)
-    y = xp[:, :T] * wt[:, 0]
-    for j in range(1, w):
-        y = y + xp[:, j:j + T] * wt[:, j]
-    return F.silu(y).to(x.dtype)
 
 
 class LinearMixer(Mixer):
@@ -229,7 +209,7 @@ class LinearMixer(Mixer):
         H, K = self.H, self.K
         proj = self.project(x)
         if self.conv is not None:
-            parts = list(causal_conv(proj["qkv"], self.conv).split(self.qkv_sizes(), -1))
+            parts = list(short_conv(proj["qkv"], self.conv).split(self.qkv_sizes(), -1))
         else:
             parts = [proj[n] for n in ("q", "k", "v") if n in proj]
         q = parts[0].view(B, T, H, self.QK)

@@ -34,9 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sandbox.kernels.short_conv import short_conv
 from sandbox.mixers.base import Mixer, MixerContext, register
 from sandbox.mixers.feature_maps import balance_loss, feature_map, softmax_topk
-from sandbox.mixers.linear import LinearMixer, causal_conv
+from sandbox.mixers.linear import LinearMixer
 from sandbox.mixers.linear_family import GatedDeltaNetConfig, GLAConfig
 from sandbox.mixers.sse_impl import Routing, partitioned_recurrence, resolve_impl, route
 
@@ -244,7 +245,7 @@ class SSE(PartitionedMixer):
         if self.part_qkv is not None:
             extra = self.part_qkv(x)
             if self.part_conv is not None:
-                extra = causal_conv(extra, self.part_conv)
+                extra = short_conv(extra, self.part_conv)
             eq, ek, ev = extra.view(B, T, N - 1, H, 2 * K + V).split([K, K, V], -1)
             qs, ks, vs = torch.cat([qs, eq], 2), torch.cat([ks, ek], 2), torch.cat([vs, ev], 2)
         keys, mask = self.key_map(ks)

@@ -1,0 +1,112 @@
+"""The short causal depthwise convolution of the linear mixers (conv on q, k, v), with its silu, as one op.
+
+``short_conv(x, w)``: ``silu(y)``, ``y[..., t, c] = sum_j w[c, j] x[..., t + j - (W - 1), c]`` (x zero before the
+sequence starts), summed in float32 (float64 for float64 inputs) and returned in x's dtype.
+
+Why an op of its own: traced by torch.compile, the shifted multiply-adds became a padded float32 copy of x, a
+float32 pre-activation saved for the backward, and a backward that recomputed the gradients of the pieces cut
+from the output (q, k, v: masked, every piece at every column) at each of the W shifts. With stacked replicas,
+on the H200, those kernels took 8.1 of the 29.9 ms of a stack of 9 Figure 8 GLA runs (conv 4, d_model 128,
+T 320); the op's kernels take 2.1 ms there, and the stack steps 1.14x faster (results/throughput/short_conv.md).
+(Eagerly, cuDNN's depthwise ``conv1d`` was no better: 1.15 ms of GSA's 7.6 ms step.)
+
+So the convolution is a torch custom op: opaque to torch.compile, with its own backward and a vmap rule that
+folds stacked replicas into the batch, each with its own weights. An ``autograd.Function`` would not do:
+under ``torch.compile`` inside ``vmap``, torch 2.11-2.13 inline its forward and differentiate that, ignoring
+its backward (pytorch/pytorch#129845); a custom op keeps its backward there. On CUDA it runs the Triton
+kernels of ``triton_short_conv.py`` (which also run on CPU tensors under ``TRITON_INTERPRET=1``, for the
+tests); elsewhere, and for float64 inputs or filters over 4 taps, the torch form below.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _triton(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether the Triton kernels take this call: CUDA, 16/32-bit inputs, filters of at most 4 taps."""
+    return x.is_cuda and x.dtype != torch.float64 and w.shape[-1] <= 4
+
+
+def _work(x: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def _pre_activation(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [N, T, C], w [G, C, W]: the convolution before the silu, in float32 or wider."""
+    N, T, _ = x.shape
+    G, _, W = w.shape
+    xp = F.pad(x.to(_work(x)), (0, 0, W - 1, 0))
+    wn = w.to(_work(x)).repeat_interleave(N // G, 0)[:, None]           # [N, 1, C, W]
+    return sum(xp[:, j:j + T] * wn[..., j] for j in range(W))
+
+
+@torch.library.custom_op("sandbox::short_conv", mutates_args=())
+def _op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    if _triton(x, w):
+        from sandbox.kernels.triton_short_conv import short_conv_triton   # Triton only where it runs
+        return short_conv_triton(x, w)
+    return F.silu(_pre_activation(x, w)).to(x.dtype)
+
+
+@_op.register_fake
+def _op_fake(x, w):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@torch.library.custom_op("sandbox::short_conv_grad", mutates_args=())
+def _grad_op(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if _triton(x, w):
+        from sandbox.kernels.triton_short_conv import short_conv_grad_triton
+        return short_conv_grad_triton(dy, x, w)
+    N, T, C = x.shape
+    G, _, W = w.shape
+    a = _pre_activation(x, w)
+    s = torch.sigmoid(a)
+    da = dy.to(a.dtype) * s * (1 + a * (1 - s))
+    dap = F.pad(da, (0, 0, 0, W - 1))
+    wn = w.to(a.dtype).repeat_interleave(N // G, 0)[:, None]
+    dx = sum(dap[:, W - 1 - j:W - 1 - j + T] * wn[..., j] for j in range(W))
+    xp = F.pad(x.to(a.dtype), (0, 0, W - 1, 0))
+    dw = torch.stack([(da * xp[:, j:j + T]).view(G, -1, C).sum(1) for j in range(W)], -1)
+    return dx.to(x.dtype), dw.float() if a.dtype == torch.float32 else dw
+
+
+@_grad_op.register_fake
+def _grad_op_fake(dy, x, w):
+    dw = torch.float32 if _work(x) == torch.float32 else _work(x)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(w.shape, dtype=dw, device=w.device)
+
+
+def _setup(ctx, inputs, output):
+    x, w = inputs
+    ctx.save_for_backward(x, w)
+
+
+def _backward(ctx, dy):
+    x, w = ctx.saved_tensors
+    dx, dw = torch.ops.sandbox.short_conv_grad(dy, x, w)
+    return dx, dw.to(w.dtype)
+
+
+_op.register_autograd(_backward, setup_context=_setup)
+
+
+@_op.register_vmap
+def _op_vmap(info, in_dims, x, w):
+    """Stacked replicas: inputs [R, N, T, C] and weights [R, G, C, W] become one batch of R * N sequences
+    with R * G weight groups (replica r's sequences keep to its own weights)."""
+    R = info.batch_size
+    xd, wd = in_dims
+    x = x.movedim(xd, 0) if xd is not None else x.expand(R, *x.shape)
+    w = w.movedim(wd, 0) if wd is not None else w.expand(R, *w.shape)
+    N = x.shape[1]
+    y = torch.ops.sandbox.short_conv(x.reshape(R * N, *x.shape[2:]), w.reshape(R * w.shape[1], *w.shape[2:]))
+    return y.view(R, N, *y.shape[1:]), 0
+
+
+def short_conv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """silu of the causal depthwise convolution of x [..., T, C] with w [C, W]; x's shape and dtype."""
+    lead, (T, C) = x.shape[:-2], x.shape[-2:]
+    y = torch.ops.sandbox.short_conv(x.reshape(-1, T, C), w[None])
+    return y.view(*lead, T, C)
