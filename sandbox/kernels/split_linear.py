@@ -13,6 +13,11 @@ call (results/throughput/bench_split_linear.json): Gated DeltaNet d128 T256 1.11
 concatenation kernel alone took 0.93 ms), the Figure 8 GLA and GLA conv 4 1.05x, GSA, SSE and GLA top-8
 0.99x; GLA's and GSA's losses equal to the bit. Products per piece instead of a concatenation were slower at
 GLA (2.131 against 2.075 ms: a dozen more small products per step; bench_projection_variants.txt).
+
+Single runs only: under ``vmap`` (stacked replicas), torch.compile inlines an ``autograd.Function``'s forward and
+differentiates that, ignoring its backward (pytorch/pytorch#129845), so a sweep's stacks still get Inductor's
+pointwise concatenation here (results/throughput/short_conv.md). Custom ops keep their backward under vmap, but
+may not return views of one product.
 """
 from __future__ import annotations
 
