@@ -69,13 +69,12 @@ def _grad_op(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.
     dx = sum(dap[:, W - 1 - j:W - 1 - j + T] * wn[..., j] for j in range(W))
     xp = F.pad(x.to(a.dtype), (0, 0, W - 1, 0))
     dw = torch.stack([(da * xp[:, j:j + T]).view(G, -1, C).sum(1) for j in range(W)], -1)
-    return dx.to(x.dtype), dw.float() if a.dtype == torch.float32 else dw
+    return dx.to(x.dtype), dw                       # dw in float32 (float64 for float64 inputs)
 
 
 @_grad_op.register_fake
 def _grad_op_fake(dy, x, w):
-    dw = torch.float32 if _work(x) == torch.float32 else _work(x)
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(w.shape, dtype=dw, device=w.device)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(w.shape, dtype=_work(x), device=w.device)
 
 
 def _setup(ctx, inputs, output):
