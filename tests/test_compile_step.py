@@ -101,26 +101,60 @@ def test_a_second_stack_of_a_kind_compiled_in_this_process_compiles_nothing_and_
     assert not compiled_before(other.step.kind)
 
 
-def test_a_helper_process_compiles_the_step_so_the_stack_only_traces_it(tmp_path, monkeypatch):
-    """``precompile.start`` compiles a stack's step in another process (the stack trains on meanwhile): with a
-    fresh compile cache, the stack's own compilation afterwards finds its forward and backward there."""
+def test_a_helper_process_compiles_stacks_so_that_each_only_traces_its_step(tmp_path, monkeypatch):
+    """``precompile.start`` compiles the steps of a list of stacks in another process, one after another (the
+    stack that trains now and those a sweep worker takes next): with a fresh compile cache, each stack's own
+    compilation afterwards finds its forward and backward there, and ``cache_warm`` says so for exactly those
+    kinds; a kind that is warm already is not queued again."""
     from torch._dynamo.utils import counters
 
     from sandbox.train import precompile
+    from sandbox.train.group import group_kind
+    from sandbox.train.step import cache_warm, forget_compilations
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    stacks = []
+    for d_model in (24, 20):                      # shapes no other test compiles
+        data = copy.deepcopy(BASE)
+        data["model"]["d_model"] = d_model
+        stacks.append([load_config(data=data, overrides=[f"train.lr={lr}"]) for lr in (1e-3, 3e-3)])
+    other = [load_config(data=copy.deepcopy(BASE), overrides=["model.d_model=12"])]
+    assert not any(cache_warm(group_kind(c)) for c in stacks + [other])
+    helper = precompile.start(stacks)
+    assert precompile.pending(stacks[1]) and not precompile.pending(other)     # queued while the helper works
+    assert helper.wait(timeout=900) == 0
+    assert all(cache_warm(group_kind(c)) for c in stacks) and not cache_warm(group_kind(other))
+    assert not precompile.pending(stacks[0]) and not precompile.running()
+    assert precompile.start(stacks) is None       # nothing left to compile
+    for cfgs in stacks:
+        forget_compilations()
+        counters.clear()
+        g = Group(cfgs)
+        g.step.compile_now()
+        g.step(*g.batch(0))
+        assert counters["aot_autograd"]["autograd_cache_hit"] == 1, dict(counters["aot_autograd"])
+        assert counters["inductor"]["fxgraph_cache_miss"] == 0, dict(counters["inductor"])
+
+
+def test_while_a_stack_trains_a_helper_compiles_the_stacks_named_next(tmp_path, monkeypatch):
+    """``train_replicas(prefetch=...)`` (a sweep worker passes its queue's next stacks): once the stack is
+    ready, a helper compiles the named stacks' steps, and outlives the stack's training to finish them."""
+    from sandbox.train import precompile, train_replicas
+    from sandbox.train.group import group_kind
+    from sandbox.train.step import cache_warm
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(precompile, "room", lambda device: True)     # the CPU has no GPU memory to weigh
     data = copy.deepcopy(BASE)
-    data["model"]["d_model"] = 24                 # shapes no other test compiles
-    cfgs = [load_config(data=data, overrides=[f"train.lr={lr}"]) for lr in (1e-3, 3e-3)]
-    helper = precompile.start(cfgs)
-    assert helper.wait(timeout=600) == 0
-    assert any((tmp_path / "cache").rglob("*")), "the helper wrote nothing to the cache"
-    counters.clear()
-    g = Group(cfgs)
-    g.step.compile_now()
-    g.step(*g.batch(0))
-    assert counters["aot_autograd"]["autograd_cache_hit"] == 1, dict(counters["aot_autograd"])
-    assert counters["inductor"]["fxgraph_cache_miss"] == 0, dict(counters["inductor"])
+    data["train"].update(steps=3, eval_every=3)
+    now = [load_config(data=data)]
+    data["model"]["d_model"] = 28                 # shapes no other test compiles
+    later = [load_config(data=data, overrides=[f"train.lr={lr}"]) for lr in (1e-3, 3e-3)]
+    asked = []
+    train_replicas(now, [tmp_path / "run"], progress=False, prefetch=lambda: asked.append(1) or [later])
+    assert asked == [1] and precompile.pending(later)
+    assert precompile._helpers[-1].wait(timeout=900) == 0
+    assert cache_warm(group_kind(later)) and not cache_warm(group_kind(now))
 
 
 import pytest  # noqa: E402

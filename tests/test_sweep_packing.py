@@ -243,3 +243,22 @@ def test_a_stack_out_of_memory_beside_other_workers_is_requeued_not_failed(tmp_p
     assert len(group) == 3 and w.run_group(group) is None
     failed = [t for t in study.get_trials() if t._trial_id in group]
     assert [t.state.name for t in failed] == ["FAIL"] * 3 and w.stack == 1
+
+
+def test_the_stacks_a_worker_compiles_ahead_are_the_queue_s_next_grid_points(tmp_path):
+    """``next_stacks`` (what a helper compiles while the worker trains): the waiting trials grouped as this
+    worker stacks them, in queue order, without the ones already claimed; with stacks of 2, a grid point's first
+    two learning rates (the stack the worker will claim first)."""
+    from sandbox.train.group import group_kind
+    from sandbox.sweep.worker import _Worker
+    study = _study(tmp_path)
+    w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3)
+    ahead = w.next_stacks()
+    assert [[c.model.d_model for c in s] for s in ahead] == [[16, 16, 16], [32, 32, 32]]
+    assert sorted(c.train.lr for c in ahead[0]) == [1e-3, 3e-3, 1e-2]
+    assert w.next_stacks(count=1) == ahead[:1]
+    w.claim()                                                     # takes the d_model 16 point
+    assert [[c.model.d_model for c in s] for s in w.next_stacks()] == [[32, 32, 32]]
+    # the stack of a claimed group and the stack compiled ahead for it are one kind (one compilation)
+    assert group_kind(ahead[1]) == group_kind(w.next_stacks()[0])
+    assert _Worker(tmp_path / "out", study, os.getpid(), None, stack=2).next_stacks() == [ahead[1][:2]]

@@ -6,7 +6,9 @@ With ``--stack N`` it takes up to N waiting trials whose configurations differ o
 learning rate and seed (a grid point's tuned values) and trains them as stacked replicas
 of one model: one process start, one compilation and one data pool for all of them, and
 each still its own trial, run directory, early stop and result. Trials that resume from
-checkpoints go first, stacked with those interrupted at the same step.
+checkpoints go first, stacked with those interrupted at the same step. While a group trains, a helper
+process compiles the steps of the next stacks in the queue (``next_stacks``, sandbox/train/precompile.py),
+so they start compiled and pay only the tracing.
 
 A group that runs out of GPU memory while other processes hold most of it is requeued and the
 worker exits with ``EXIT_MEMORY`` (the launcher then runs one worker fewer on that GPU); alone on
@@ -40,6 +42,11 @@ from sandbox.sweep.report import RESULT_KEYS
 from sandbox.sweep.storage import DEFAULT_TIMEOUT_S, EXIT_STORAGE, StorageUnavailable, TrialReporter
 from sandbox.sweep.study import (FINAL_FAIL, HOST, heartbeat_interval, holds, load_study, make_pruner, objective_value,
                                  open_storage, requeue, trials_in, uses_heartbeat)
+
+
+# stacks of the queue whose steps a helper compiles ahead of this worker (precompile.py): a few, since the
+# queue may change (other workers claim, trials finish early), and one helper compiles a kind in 20-30 s
+PREFETCH = 4
 
 
 class _Worker:
@@ -295,7 +302,7 @@ class _Worker:
             t_group = time.time()
             try:
                 results = train_replicas(configs, [self.dir / d for d in run_dirs], progress=False,
-                                         on_eval=callbacks)
+                                         on_eval=callbacks, prefetch=self.next_stacks)
             finally:
                 self.training = False
             self._measure_pace(configs, left, results, time.time() - t_group)
@@ -364,6 +371,23 @@ class _Worker:
             torch.cuda.empty_cache()
         return code
 
+
+    def next_stacks(self, count: int = PREFETCH) -> list[list]:
+        """The first ``count`` stacks of the waiting queue, as this worker would group them (run configs): the
+        stacks whose steps a helper compiles while this worker trains (``train_replicas(prefetch=...)``)."""
+        from optuna.trial import TrialState
+
+        from sandbox.sweep.spec import build_config
+        stacks: dict[str, list] = {}
+        for t in trials_in(self.study, (TrialState.WAITING,)):
+            key = self._stack_key(t)
+            if key is None or len(stacks.get(key, ())) >= self.stack:
+                continue
+            if key not in stacks and len(stacks) == count:
+                break
+            stacks.setdefault(key, []).append(build_config(self.spec["base"], {**t.user_attrs["grid"],
+                                                                               **t.user_attrs["tune"]}))
+        return list(stacks.values())
 
     def _measure_pace(self, configs, left, results, wall: float) -> None:
         """Trial-steps per second over the group just trained, start-up included (what sizes later claims of

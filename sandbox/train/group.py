@@ -16,7 +16,7 @@ import torch
 from sandbox.config import RunConfig, to_dict
 from sandbox.model import LanguageModel
 from sandbox.tasks import TrainBatches, make_task
-from sandbox.train.step import Step, compiled_before, graph_safe
+from sandbox.train.step import Step, cache_warm, compiled_before, graph_safe
 
 
 def resolve_device(name: str) -> torch.device:
@@ -50,14 +50,23 @@ def use_cuda_graph(setting, device: torch.device, model) -> bool:
 
 def use_compile(setting, device: torch.device, model, kind=None) -> bool | str:
     """``train.compile``: true compiles from the first step; auto (on CUDA when every mixer is graph-safe,
-    i.e. has static shapes) compiles from the first step where this process compiled a step of the same
-    ``kind`` before (it costs nothing then), else starts uncompiled and compiles once ``worth_compiling``
-    says the run is long enough; returns "auto" then."""
+    i.e. has static shapes) compiles from the first step where a step of the same ``kind`` was compiled
+    before, in this process or into the on-disk caches (it costs nothing, or only the tracing, then), else
+    starts uncompiled and compiles once ``worth_compiling`` says the run is long enough; returns "auto" then."""
     if setting == "auto":
         if not (device.type == "cuda" and graph_safe(model)):
             return False
-        return True if compiled_before(kind) else "auto"
+        return True if compiled_before(kind) or cache_warm(kind) else "auto"
     return bool(setting)
+
+
+def group_kind(cfgs: list[RunConfig]) -> tuple:
+    """What the compiled step of a stack of ``cfgs`` depends on besides the weights: the configuration (whatever
+    train.compile says), the number of replicas, and whether they share one batch ([B, T]) or have one each
+    ([R, B, T])."""
+    tc = cfgs[0].train
+    return (stack_key(dataclasses.replace(cfgs[0], train=dataclasses.replace(tc, compile=None))), len(cfgs),
+            len({c.seed for c in cfgs}) == 1)
 
 
 # Measured on an H200 (results/throughput/, bench train with and without train.compile): compiling takes
@@ -112,10 +121,8 @@ class Group:
         self.graph = use_cuda_graph(tc.cuda_graph, device, self.models[0])
         # a seed's task gives its replicas the same batches: one pool per seed
         self.seeds = [c.seed for c in cfgs]
-        # what the compiled step depends on besides the weights: the configuration (whatever train.compile
-        # says), the number of replicas, and whether they share one batch ([B, T]) or have one each ([R, B, T])
-        kind = (stack_key(dataclasses.replace(cfgs[0], train=dataclasses.replace(tc, compile=None))),
-                len(cfgs), len(set(self.seeds)) == 1)
+        kind = group_kind(cfgs)
+        self.warm = cache_warm(kind)        # a step of this kind was compiled into the on-disk caches before
         compile = use_compile(tc.compile, device, self.models[0], kind)
         self.compile_later = compile == "auto"
         self.step = Step(self.models, [c.train for c in cfgs], per_row=getattr(self.tasks[0], "max_targets", None),

@@ -26,7 +26,7 @@ from sandbox.train.files import write_json
 import sandbox.train.precompile as precompile
 from sandbox.train.group import Group, stack_key, worth_compiling, worth_regrouping
 from sandbox.train.signals import HeldSignals
-from sandbox.train.step import scored_positions
+from sandbox.train.step import cache_warm, mark_cache_warm, scored_positions
 
 DONE = ("completed", "early_stopped")          # a rerun of such a directory returns its result
 
@@ -160,12 +160,15 @@ def train(cfg: RunConfig, out_dir, *, progress: bool = True,
 
 
 def train_replicas(cfgs: list[RunConfig], out_dirs: list, *, progress: bool = True,
-                   on_eval: list[Callable[[int, dict], None] | None] | None = None) -> list[dict]:
+                   on_eval: list[Callable[[int, dict], None] | None] | None = None,
+                   prefetch: Callable[[], list[list[RunConfig]]] | None = None) -> list[dict]:
     """Train runs that differ only in ``train.lr`` and ``seed`` as one stacked model, each into its own
     directory (resuming from checkpoints; runs whose checkpoints are at different steps train as
     separate stacks). A directory whose run
     already ended returns its stored result. ``on_eval[r](step, metrics)`` may raise ``StopTraining``
-    to stop run r alone. Returns the result of each run (a diverged run has status "diverged")."""
+    to stop run r alone. ``prefetch()``, called once a group is captured, names the stacks that will train
+    next in this process (a sweep worker's queue): a helper compiles their steps meanwhile (precompile.py).
+    Returns the result of each run (a diverged run has status "diverged")."""
     if len({stack_key(c) for c in cfgs}) != 1:
         raise ValueError("train_replicas: the runs must differ only in train.lr, seed and name")
     outs = [Path(o) for o in out_dirs]
@@ -181,7 +184,7 @@ def train_replicas(cfgs: list[RunConfig], out_dirs: list, *, progress: bool = Tr
         at = {i: _checkpoint_step(outs[i]) for i in todo}
         todo = [i for i in todo if at[i] == min(at.values())]
         done = _train_group([cfgs[i] for i in todo], [outs[i] for i in todo], progress,
-                            [callbacks[i] for i in todo], t_start)
+                            [callbacks[i] for i in todo], t_start, prefetch)
         for i, res in zip(todo, done):
             results[i] = res
 
@@ -193,7 +196,7 @@ def _checkpoint_step(out: Path) -> int:
     return int(torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)["state"]["step"])
 
 
-def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
+def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> list[dict]:
     """Train one stacked group; the runs it hands back unfinished (None) continue from their checkpoints."""
     t_group = time.perf_counter()
     tc = cfgs[0].train
@@ -202,17 +205,18 @@ def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
         o.mkdir(parents=True, exist_ok=True)
     group = Group(cfgs)
     device, step, batch, autocast = group.device, group.step, group.batch, group.step.autocast
-    # a stack that may compile later has its step compiled by a helper meanwhile (precompile.py), started
-    # once the stack's own memory is known
-    helper, want_compile = None, False
+    # a stack that may compile later has its step compiled by a helper meanwhile (precompile.py), with the
+    # stacks that train next (``prefetch``), started once the stack's own memory is known; a helper with
+    # stacks of later groups outlives this one
+    helper, ahead, want_compile = None, [], False
     runs = [_Run(c, o, t, m, t_start) for c, o, t, m in zip(cfgs, outs, group.tasks, group.models)]
     for run, opt in zip(runs, step.opts):
         run.load(opt, device)
     start = runs[0].state["step"]           # train_replicas groups the runs by their checkpoints' step
     step.start_at(start)
-    if step.compiled:                       # train.compile: true, or a kind this process compiled before
+    if step.compiled:                       # train.compile: true, or a kind compiled before (warm caches)
         for run in runs:
-            run.compiled_at = start
+            run.compiled_at, run.precompiled = start, group.warm
 
     active = list(range(R))
     title = cfgs[0].name or f"{'+'.join(dict.fromkeys(cfgs[0].model.layer_mixers()))} d{cfgs[0].model.d_model}"
@@ -274,8 +278,12 @@ def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
                     setup_s += t_ready - t_from
                     for run in runs:
                         run.setup_s = setup_s
-                    if helper is None and group.compile_later and precompile.room(device):
-                        helper = precompile.start(cfgs)
+                    if step.compiled:                # its caches are warm now: helpers leave its kind out
+                        mark_cache_warm(step.kind)
+                    if helper is None and not ahead and precompile.room(device):
+                        ahead = prefetch() if prefetch is not None and not precompile.running() else []
+                        stacks = ([cfgs] if group.compile_later else []) + ahead
+                        helper = precompile.start(stacks) if stacks else None
                 for r in active:
                     runs[r].state["step"] = s
                 last = s == tc.steps
@@ -303,14 +311,14 @@ def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
                     if steady and group.compile_later:
                         group.compile_later = False
                         want_compile = worth_compiling(tc.steps - s, 1 / max(sps, 1e-9))
-                    # compile once the helper is done (its caches then hold all but the tracing); until then
-                    # the stack goes on uncompiled
-                    if want_compile and (helper is None or helper.poll() is not None):
+                    # compile once no helper has this stack's step still to compile (its caches then hold all
+                    # but the tracing); until then the stack goes on uncompiled
+                    if want_compile and not precompile.pending(cfgs):
                         want_compile = False
                         step.compile_now()
                         for run in runs:
                             run.compiled_at = s
-                            run.precompiled = helper is not None and helper.returncode == 0
+                            run.precompiled = cache_warm(step.kind)
                         t_from, ready, steady = time.perf_counter(), False, False
                     if steady and worth_regrouping(len(active), R, tc.steps - s, 1 / max(sps, 1e-9), setup_s):
                         for r in active:         # hand the running replicas back, to go on as a smaller group
@@ -331,9 +339,8 @@ def _train_group(cfgs, outs, progress, callbacks, t_start) -> list[dict]:
             results[r] = runs[r].finish("failed", f"{type(e).__name__}: {e}", R)
         raise
     finally:
-        if helper is not None and helper.poll() is None:
-            helper.kill()
-            helper.wait()
+        if helper is not None and not ahead:
+            precompile.stop(helper)
     return results
 
 

@@ -1,25 +1,38 @@
-"""Compile a stack's training step in a helper process while the stack trains uncompiled.
+"""Compile stacks' training steps in a helper process, while the GPU trains something else.
 
 A stack that compiles in its own process leaves the GPU idle for the whole compilation (18-27 s on the
-H200, measured in a fresh process; up to a third of a short Figure 8 stack). Once the stack's step is
-captured, and where the GPU has room (``room``), a helper builds the same group, compiles its step and
-runs it once: that fills the on-disk caches (Inductor's FX graph cache and AOTAutograd's cache, under
-``TORCHINDUCTOR_CACHE_DIR``). The stack meanwhile goes on with its uncompiled CUDA graph, and when it
-compiles, it only traces the step (Dynamo) and finds the rest in the caches.
+H200, measured in a fresh process; up to a third of a short Figure 8 stack). So once a stack's step is
+captured, and where the GPU has room (``room``), a helper builds groups of the same kinds, compiles their
+steps and runs each once: that fills the on-disk caches (Inductor's FX graph cache and AOTAutograd's cache,
+under ``TORCHINDUCTOR_CACHE_DIR``) and leaves a marker there (``step.cache_warm``). Two uses:
+
+- the stack that trains now, when it started uncompiled (``train.compile: auto``): it goes on with its
+  uncompiled CUDA graph, and compiles once the helper is done, which then only traces the step (Dynamo);
+- the stacks a sweep worker will take next (``train_replicas(prefetch=...)``): they start compiled from their
+  first step, so a worker's later stacks pay the tracing only, not a cold compilation.
+
+Stacks of a kind that is warm already, or queued in another live helper, are left out; a helper works through
+its list in order and exits when its parent does.
 
 A separate process, not a thread: compiling traces through functorch's vmap, whose state is shared by
 the threads of a process, and a thread compiling beside the stack's own vmapped steps breaks both.
 
-    python -m sandbox.train.precompile < configs.json     # a JSON list of run configs (``to_dict``)
+    python -m sandbox.train.precompile < stacks.json     # a JSON list of stacks, each a list of run configs
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+from sandbox.train.group import group_kind
+from sandbox.train.step import cache_warm, warm_marker
 
 STEPS = 3           # the helper's runs are this long: its batch pool holds no more than it uses
+_helpers: list[subprocess.Popen] = []       # the helpers this process started
 
 
 def room(device) -> bool:
@@ -32,31 +45,109 @@ def room(device) -> bool:
     return free > 2 * torch.cuda.max_memory_reserved(device)
 
 
-def start(cfgs) -> subprocess.Popen:
-    """Start compiling the step of the stack of runs ``cfgs`` in a helper process (its output discarded)."""
+def _queue_file(kind) -> Path:
+    return warm_marker(kind).with_suffix(".queued")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def queued(kind) -> bool:
+    """Whether a live helper (of any process) has a step of ``kind`` in its list and has not compiled it yet."""
+    try:
+        pid = int(_queue_file(kind).read_text())
+    except (OSError, ValueError):
+        return False
+    return _alive(pid) and not cache_warm(kind)
+
+
+def pending(cfgs) -> bool:
+    """Whether the stack of ``cfgs`` should wait for a helper before compiling its own step."""
+    return queued(group_kind(cfgs))
+
+
+def running() -> bool:
+    """Whether a helper this process started is still at work."""
+    return any(p.poll() is None for p in _helpers)
+
+
+def start(stacks) -> subprocess.Popen | None:
+    """Start compiling the steps of ``stacks`` (each a list of run configs), one after another, in a helper
+    process. Stacks of a kind that is warm or queued already are left out; None when none is left."""
     from sandbox.config import to_dict
-    data = json.dumps([to_dict(c) for c in cfgs])
+    todo = [cfgs for cfgs in stacks if not (cache_warm(group_kind(cfgs)) or queued(group_kind(cfgs)))]
+    if not todo:
+        return None
     p = subprocess.Popen([sys.executable, "-m", "sandbox.train.precompile"], stdin=subprocess.PIPE,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
-    p.stdin.write(data.encode())
+    for cfgs in todo:
+        path = _queue_file(group_kind(cfgs))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(str(p.pid))
+    p.stdin.write(json.dumps([[to_dict(c) for c in cfgs] for cfgs in todo]).encode())
     p.stdin.close()
+    if not _helpers:
+        atexit.register(stop_all)
+    _helpers.append(p)
     return p
 
 
+def stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
+def stop_all() -> None:
+    for p in _helpers:
+        stop(p)
+
+
 def main() -> int:
+    import gc
+
+    import torch
+
     from sandbox.config import config_from_dict
     from sandbox.train.group import Group
-    cfgs = []
-    for d in json.loads(sys.stdin.read()):
-        d["train"]["steps"] = STEPS
-        cfgs.append(config_from_dict(d, "<precompile>"))
-    group = Group(cfgs)
-    group.step.compile_now()
-    group.step(*group.batch(0))       # an eager (not yet captured) compiled step: forward and backward
-    if group.device.type == "cuda":
-        import torch
-        torch.cuda.synchronize()
-    return 0
+    from sandbox.train.step import forget_compilations, mark_cache_warm
+    parent = os.getppid()
+    failed = 0
+    for datas in json.loads(sys.stdin.read()):
+        if os.getppid() != parent:          # the worker is gone: so is the use of what is left
+            break
+        cfgs = [config_from_dict(d, "<precompile>") for d in datas]
+        kind = group_kind(cfgs)             # of the stack as it will train (the helper's runs are shorter)
+        if cache_warm(kind):
+            continue
+        group = None
+        try:
+            for c in cfgs:
+                c.train.steps = STEPS
+            group = Group(cfgs)
+            group.step.compile_now()
+            group.step(*group.batch(0))     # an eager (not yet captured) compiled step: forward and backward
+            if group.device.type == "cuda":
+                torch.cuda.synchronize()
+            mark_cache_warm(kind)
+        except Exception as e:              # e.g. out of memory beside the stack: that stack compiles itself
+            failed += 1
+            print(f"precompile: {type(e).__name__}: {e}", file=sys.stderr)
+        finally:
+            _queue_file(kind).unlink(missing_ok=True)
+            del group
+            forget_compilations()
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

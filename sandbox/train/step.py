@@ -28,7 +28,10 @@ besides tensor shapes) runs that compilation at no cost (``compiled_before``).
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import math
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -47,6 +50,27 @@ _compiled_kinds: set = set()
 def compiled_before(kind) -> bool:
     """Whether this process compiled a step of ``kind`` that a new one reuses without compiling."""
     return kind is not None and kind in _compiled_kinds
+
+
+# A step compiled once (by a helper process, precompile.py, or by a stack) leaves its forward and backward in the
+# on-disk caches; a marker beside them says so, and a later stack of that kind in any process compiles from its
+# first step, since compiling then only traces (4 s on the H200, against 18-27 s from a cold start).
+def warm_marker(kind) -> Path:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    digest = hashlib.sha1(json.dumps(list(kind), default=str).encode()).hexdigest()[:24]
+    return Path(cache_dir()) / "sandbox-steps" / digest
+
+
+def cache_warm(kind) -> bool:
+    """Whether a step of ``kind`` was compiled into the on-disk caches (by any process) since they were made."""
+    return kind is not None and warm_marker(kind).exists()
+
+
+def mark_cache_warm(kind) -> None:
+    if kind is not None:
+        path = warm_marker(kind)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
 
 
 def forget_compilations() -> None:
