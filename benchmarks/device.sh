@@ -76,7 +76,7 @@ bench-sweep)
     ref=${REF:+.ref/$REF/}; ref=${ref:-$(ls -td .ref/*/ 2>/dev/null | head -n 1)}
     sandbox bench sweep "$file" ${ref:+--ref "$ref"} --out /tmp/bench_sweep "$@" 2>&1 | tee "$OUT/bench_sweep.txt"
     cp /tmp/bench_sweep/bench.json "$OUT/bench_sweep.json" 2>/dev/null
-    tar -czf "$OUT/bench_sweep_logs.tar.gz" --exclude='*.pt' --exclude='events.*' -C /tmp bench_sweep
+    tar -czf "$OUT/bench_sweep_logs.tar.gz" --exclude='*.pt' --exclude='events.*' --exclude=cache -C /tmp bench_sweep
     ;;
 sweep)
     file="$1"; shift

@@ -89,3 +89,43 @@ def test_an_unknown_kind_is_refused_with_the_sweeps_kinds_before_any_gpu_work(ca
     assert "no kind gla_d999" in err and "gsa_d128_T320_topk16_conv_size4_num_slots64" in err
     assert main_train(["--kinds", "gla_d128_T320_conv_size4"]) == 2
     assert "--kinds needs --sweep" in capsys.readouterr().err
+
+
+def test_compiling_ahead_charges_the_warm_set_up_to_stacks_the_helper_finished_in_time():
+    """Three stacks. The first starts cold (10 s of start-up, 8 s of it set-up); the helper is ready 8 + 2 s in.
+    The other two take 6 s of set-up from cold caches, 1 s from warm ones. With 100 s of training each, the
+    helper is done with them at 16 and 22 s, before they start: each starts in 8 - 6 + 1 = 3 s. With 1 s of
+    training they start at 11 and 20 s, before the helper is done with them (16, 22 s): both start cold."""
+    from sandbox.bench.train import minutes_compiling_ahead
+
+    def rows(train_s, setup_2=6.0):
+        first = {"stacks": 1, "start_s": 10.0, "setup_s": 8.0, "warm_setup_s": 1.0, "import_s": 2.0, "train_s": train_s}
+        later = dict(first, stacks=2, setup_s=setup_2, start_s=setup_2 + 2.0)
+        return [first, later]
+    assert abs(minutes_compiling_ahead(rows(100.0)) * 60 - (110 + 2 * (8 - 6 + 1 + 100))) < 1e-9
+    assert abs(minutes_compiling_ahead(rows(1.0)) * 60 - (11 + 2 * (8 + 1))) < 1e-9
+
+
+def test_an_estimate_from_earlier_calls_joins_their_rows_in_the_sweeps_order(tmp_path):
+    """``--timed``: the kinds timed in separate calls (``--kinds`` parts) give one estimate, in the sweep's order
+    of kinds, summing their GPU-minutes; a kind no file timed is named and the exit status says so."""
+    import json
+
+    from sandbox.bench.train import main_train
+    f = tmp_path / "s.yaml"
+    f.write_text("name: s\nbase: {task: {name: mqar, seq_len: 32, num_kv_pairs: 4, vocab_size: 64}, "
+                 "model: {mixer: gla, d_model: 32}, train: {steps: 10}}\n"
+                 "grid: {model.d_model: [32, 64, 16]}\ntune: {train.lr: [1.0e-3, 3.0e-3]}\n")
+    row = {"trials": 2, "stacks": 1, "replicas": 2, "ms_per_stack_step": 5.0, "trial_steps_per_s": 400.0,
+           "start_s": 10.0, "setup_s": 9.0, "eval_s": 1.0, "warm_setup_s": 2.0, "import_s": 3.0, "train_s": 30.0}
+    for name, kinds in (("a", ["gla_d64_T32"]), ("b", ["gla_d32_T32", "gla_d999_T32"])):
+        rows = [{**row, "kind": k, "gpu_minutes": 1.0 + i} for i, k in enumerate(kinds)]
+        (tmp_path / f"{name}.json").write_text(json.dumps({"gpu": "G", "torch": "t", "steps": 150, "rows": rows}))
+    files = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    assert main_train(["--sweep", str(f), "--timed", *files, "--out", str(tmp_path / "out")]) == 1
+    est = json.loads((tmp_path / "out" / "estimate.json").read_text())
+    assert [r["kind"] for r in est["rows"]] == ["gla_d32_T32", "gla_d64_T32"] and est["gpu_minutes"] == 2.0
+    assert est["kinds"] == "2 of 3" and est["torch"] == "t"
+    # one after another: the helper, ready at 9 + 3 s, is done with the second at 21 s, before it starts at 40 s
+    assert abs(est["gpu_minutes_compiling_ahead"] * 60 - (10 + 30 + (10 - 9 + 2) + 30)) < 1e-9
+    assert "Not timed: gla_d16_T32" in (tmp_path / "out" / "estimate.md").read_text()

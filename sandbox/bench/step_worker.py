@@ -15,14 +15,17 @@ Prints one JSON object.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import sys
 import time
-from pathlib import Path
 
-import torch
+T_START = time.perf_counter()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
 
 
 def _scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
@@ -184,6 +187,25 @@ def _top(prof, steps: int) -> list[dict]:
     return [{"kernel": "TOTAL", "ms_per_step": total, "calls": sum(r["calls"] for r in rows)}] + rows[:20]
 
 
+def _train(data: dict, replicas: int, out: Path) -> Path:
+    """Train the configuration ``data`` (or ``replicas`` stacked copies of it at learning rates a factor 2
+    apart) into ``out``; the directory of the run whose log to read."""
+    from sandbox.config import load_config
+    cfg = load_config(data=data)
+    if replicas > 1:
+        from sandbox.train import train_replicas
+        cfgs = []
+        for i in range(replicas):
+            c = load_config(data=data)
+            c.train.lr = cfg.train.lr * 2.0 ** (i - replicas // 2)
+            cfgs.append(c)
+        train_replicas(cfgs, [out / str(i) for i in range(replicas)], progress=False)
+        return out / str(replicas // 2)
+    from sandbox.train import train
+    train(cfg, out, progress=False)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("config")
@@ -191,6 +213,9 @@ def main(argv=None) -> int:
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--roofline", action="store_true")
     p.add_argument("--profile", action="store_true", help="GPU time per kernel of the step (this checkout only)")
+    p.add_argument("--warm", action="store_true",
+                   help="then the set-up of a second group of the same kind in this process, Dynamo's cache dropped "
+                        "and the on-disk caches warm (a sweep worker's stack compiled ahead by a helper)")
     a = p.parse_args(argv)
     from sandbox.config import load_config
     data = json.loads(Path(a.config).read_text())
@@ -200,20 +225,10 @@ def main(argv=None) -> int:
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    import sandbox.train  # noqa: F401
+    import_s = time.perf_counter() - T_START
     t0 = time.perf_counter()
-    if a.replicas > 1:
-        from sandbox.train import train_replicas
-        cfgs = []
-        for i in range(a.replicas):
-            c = load_config(data=data)
-            c.train.lr = cfg.train.lr * 2.0 ** (i - a.replicas // 2)
-            cfgs.append(c)
-        train_replicas(cfgs, [out / str(i) for i in range(a.replicas)], progress=False)
-        run_dir = out / str(a.replicas // 2)
-    else:
-        from sandbox.train import train
-        train(cfg, out, progress=False)
-        run_dir = out
+    run_dir = _train(data, a.replicas, out)
     wall = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else None
     sps = [v for s, v in _scalars(run_dir, "perf/steps_per_sec") if s > 100]
@@ -224,8 +239,15 @@ def main(argv=None) -> int:
     parts = {"setup_s": done[0]["setup_s"], "eval_s": sum(r["eval_s"] for r in done)} \
         if done and "setup_s" in done[0] else {}
     res = {**parts, "steps_per_sec": statistics.median(sps) if sps else None, "wall_s": wall, "peak_gib": peak,
-           "loss": _scalars(run_dir, "train/loss"), "replicas": a.replicas,
+           "loss": _scalars(run_dir, "train/loss"), "replicas": a.replicas, "import_s": import_s,
            "generator_ms": generator_ms(cfg, min(steps, 200))}
+    if a.warm:
+        from sandbox.train.step import forget_compilations
+        forget_compilations()
+        short = json.loads(json.dumps(data))
+        short["train"].update(steps=20, eval_every=20)
+        warm_dir = _train(short, a.replicas, out / "warm")
+        res["warm_setup_s"] = json.loads((warm_dir / "result.json").read_text())["setup_s"]
     if a.roofline and cuda:
         res.update(roofline(cfg), peaks=peaks())
     if a.profile and cuda:

@@ -2,7 +2,7 @@
 
 The sweep runs for a fixed window of wall time with this checkout's runner and default packing, and
 then, with ``--ref``, with another commit's runner (``--ref-args``, e.g. its ``--workers-per-gpu 8``),
-each from an empty directory on the same GPU. At the end of a window the launcher is interrupted
+each from an empty directory and empty compile caches on the same GPU. At the end of a window the launcher is interrupted
 (its trials checkpoint and write ``result.json``), and the yardstick is the trial-steps done per
 second of the window: the sum over the trials of the steps each trained. Both runners take the grid
 in the same order, so a faster runner also reaches the larger (slower) grid points sooner, which
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,9 +26,12 @@ from sandbox.bench.train import ROOT, config_words, ref_code
 
 def run_window(code: Path, sweep_file: Path, out: Path, seconds: float, args: list[str]) -> dict:
     """Run ``sandbox sweep`` of the version in ``code`` for ``seconds``, then stop it; what it trained."""
-    out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1",        # that version first, then what it needs (e.g. optuna)
-               PYTHONPATH=os.pathsep.join(p for p in (str(code), os.environ.get("PYTHONPATH")) if p))
+               PYTHONPATH=os.pathsep.join(p for p in (str(code), os.environ.get("PYTHONPATH")) if p),
+               # compile caches of its own, empty: each window starts as on a fresh machine
+               TORCHINDUCTOR_CACHE_DIR=str(out / "cache" / "inductor"), TRITON_CACHE_DIR=str(out / "cache" / "triton"))
     cmd = [sys.executable, "-m", "sandbox.cli", "sweep", str(sweep_file), "--out", str(out / "sweep"), "--no-live",
            *args]
     with open(out / "launcher.log", "w") as log:

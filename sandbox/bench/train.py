@@ -88,13 +88,13 @@ def ref_code(ref: str) -> Path:
 
 
 def run_one(code: Path, name: str, data: dict, out: Path, *, replicas: int = 1, roofline: bool = False,
-            profile: bool = False) -> dict:
+            profile: bool = False, warm: bool = False) -> dict:
     shutil.rmtree(out / "run", ignore_errors=True)       # a finished run there would only return its result
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(data))
     cmd = [sys.executable, str(Path(__file__).with_name("step_worker.py")), str(out / "config.json"),
            str(out / "run"), "--replicas", str(replicas)] + (["--roofline"] if roofline else []) + \
-        (["--profile"] if profile else [])
+        (["--profile"] if profile else []) + (["--warm"] if warm else [])
     env = dict(os.environ, PYTHONPATH=str(code), PYTHONUNBUFFERED="1")
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(out))
     (out / "log.txt").write_text(p.stdout + p.stderr)
@@ -216,9 +216,11 @@ def kind_name(d: dict) -> str:
     return "_".join(config_words(d))
 
 
-def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = None) -> int:
+def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = None,
+                   timed: list[str] | None = None) -> int:
     """Time one stack of each kind of ``path``'s trials (or of the kinds named in ``only``); print and write
-    the estimated GPU-minutes of the sweep (of those kinds)."""
+    the estimated GPU-minutes of the sweep (of those kinds). With ``timed`` (estimate.json files of earlier
+    calls, e.g. one per ``--kinds`` part), time nothing and estimate from their rows."""
     kinds = sweep_kinds(path)
     names = [kind_name(k["data"]) for k in kinds]
     if only:
@@ -228,17 +230,31 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
                   f"{', '.join(names)}", file=sys.stderr)
             return 2
         kinds = [k for k, n in zip(kinds, names) if n in only]
+    if timed:
+        found = {}
+        for f in timed:
+            try:
+                data = json.loads(Path(f).read_text())
+            except (OSError, ValueError) as e:
+                print(f"sandbox bench train: error: --timed: {f}: {e}", file=sys.stderr)
+                return 2
+            found.update({r["kind"]: {**r, "gpu": data["gpu"], "steps": data["steps"], "torch": data["torch"]}
+                          for r in data["rows"]})
+        rows = [found[kind_name(k["data"])] for k in kinds if kind_name(k["data"]) in found]
+        missing = [kind_name(k["data"]) for k in kinds if kind_name(k["data"]) not in found]
+        gpu, steps, version = (rows[0]["gpu"], rows[0]["steps"], rows[0]["torch"]) if rows else ("-", steps, "-")
+        return _write_estimate(path, rows, gpu, version, steps, len(names), out, missing)
     import torch
     if not torch.cuda.is_available():
         print("sandbox bench train: error: needs a CUDA GPU", file=sys.stderr)
         return 1
-    rows, total = [], 0.0
+    rows = []
     for kind in kinds:
         d = json.loads(json.dumps(kind["data"]))
         trial_steps = d["train"]["steps"]
         d["train"].update(steps=steps, eval_every=steps, log_every=25, early_stop=None, compile=True)
         name = kind_name(d)
-        res = run_one(ROOT, name, d, out / name, replicas=kind["replicas"])
+        res = run_one(ROOT, name, d, out / name, replicas=kind["replicas"], warm=True)
         row = {"kind": name, "trials": kind["trials"], "stacks": kind["stacks"], "replicas": kind["replicas"]}
         if "error" in res:
             rows.append({**row, "error": res["error"]})
@@ -247,34 +263,77 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
         ms = 1e3 / res["steps_per_sec"]
         start = res["wall_s"] - steps * ms / 1e3
         minutes = kind["stacks"] * (trial_steps * ms / 1e3 + start) / 60
-        total += minutes
         row.update(ms_per_stack_step=ms, trial_steps_per_s=kind["replicas"] * 1e3 / ms, start_s=start,
-                   setup_s=res.get("setup_s"), eval_s=res.get("eval_s"), gpu_minutes=minutes, peak_gib=res["peak_gib"])
+                   setup_s=res.get("setup_s"), eval_s=res.get("eval_s"), warm_setup_s=res.get("warm_setup_s"),
+                   import_s=res.get("import_s"), train_s=trial_steps * ms / 1e3, gpu_minutes=minutes,
+                   peak_gib=res["peak_gib"])
         rows.append(row)
         print(f"{name}: {kind['trials']} trials in {kind['stacks']} stacks of {kind['replicas']}: "
               f"{ms:.2f} ms per stacked step, {row['trial_steps_per_s']:.0f} trial-steps/s, start-up {start:.0f} s "
-              f"({_start_parts(row)}), {minutes:.1f} GPU-minutes", flush=True)
-    gpu = torch.cuda.get_device_name()
-    which = f"{len(kinds)} of its {len(names)} kinds" if only else "all its kinds"
-    lines = [f"{path} ({which}) on {gpu}: about **{total:.1f} GPU-minutes** (stacks one after another, no early "
-             f"stop, timed over {steps} steps each)", "",
-             "| kind | trials | stacks x replicas | ms / stacked step | trial-steps / s | start-up s | of it | GPU-min |",
-             "|---|---|---|---|---|---|---|---|"]
+              f"({_start_parts(row)}; set-up {row['warm_setup_s'] or 0:.0f} s with warm caches), "
+              f"{minutes:.1f} GPU-minutes", flush=True)
+    return _write_estimate(path, rows, torch.cuda.get_device_name(), torch.__version__, steps, len(names), out)
+
+
+def _write_estimate(path: str, rows: list[dict], gpu: str, version: str, steps: int, n_kinds: int, out: Path,
+                    missing: list[str] | None = None) -> int:
+    timed = [r for r in rows if "error" not in r]
+    total = sum(r["gpu_minutes"] for r in timed)
+    which = f"{len(rows)} of its {n_kinds} kinds" if len(rows) < n_kinds else "all its kinds"
+    ahead = minutes_compiling_ahead(timed) if timed and all(r.get("warm_setup_s") is not None for r in timed) \
+        else None
+    lines = [f"{path} ({which}) on {gpu}: about **{total:.1f} GPU-minutes** with every stack compiling from a "
+             f"cold start (stacks one after another, no early stop, timed over {steps} steps each)"]
+    if ahead is not None:
+        lines += ["", f"With a helper compiling the next stacks' steps while one trains (the sweep worker's way, "
+                      f"simulated from the times below): about **{ahead:.1f} GPU-minutes**"]
+    if missing:
+        lines += ["", f"Not timed: {', '.join(missing)}"]
+    lines += ["", "| kind | trials | stacks x replicas | ms / stacked step | trial-steps / s | start-up s | of it "
+                  "| set-up s, warm caches | GPU-min, cold starts |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['kind']}: {r['error']} | {r['trials']} | {r['stacks']} x {r['replicas']} | - | - | - | - "
-                         "| - |")
+                         "| - | - |")
         else:
+            warm = "-" if r.get("warm_setup_s") is None else f"{r['warm_setup_s']:.0f}"
             lines.append(f"| {r['kind']} | {r['trials']} | {r['stacks']} x {r['replicas']} | {r['ms_per_stack_step']:.2f} "
-                         f"| {r['trial_steps_per_s']:.0f} | {r['start_s']:.0f} | {_start_parts(r)} | {r['gpu_minutes']:.1f} |")
+                         f"| {r['trial_steps_per_s']:.0f} | {r['start_s']:.0f} | {_start_parts(r)} | {warm} "
+                         f"| {r['gpu_minutes']:.1f} |")
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     out.mkdir(parents=True, exist_ok=True)
     (out / "estimate.md").write_text(text)
-    (out / "estimate.json").write_text(json.dumps({"sweep": path, "gpu": gpu, "torch": torch.__version__,
-                                                   "steps": steps, "kinds": f"{len(kinds)} of {len(names)}",
-                                                   "gpu_minutes": total, "rows": rows}, indent=1))
-    return 1 if any("error" in r for r in rows) else 0
+    (out / "estimate.json").write_text(json.dumps({"sweep": path, "gpu": gpu, "torch": version,
+                                                   "steps": steps, "kinds": f"{len(rows)} of {n_kinds}",
+                                                   "gpu_minutes": total, "gpu_minutes_compiling_ahead": ahead,
+                                                   "rows": rows}, indent=1))
+    return 1 if any("error" in r for r in rows) or missing else 0
+
+
+def minutes_compiling_ahead(rows: list[dict]) -> float:
+    """GPU-minutes of the timed kinds' stacks trained one after another by one worker whose helper process
+    compiles the next stacks' steps meanwhile (sandbox/train/precompile.py), from each kind's measured times:
+    its training (``train_s``), its start-up from cold caches (``start_s``, of which ``setup_s`` is the set-up)
+    and its set-up with warm ones (``warm_setup_s``). The first stack starts cold; once it is ready the helper
+    starts (``import_s``) and compiles the stacks after it in order, each in its cold set-up's time. A stack
+    whose step the helper has compiled when it starts pays the warm set-up; one that starts before pays the
+    cold start-up, and the helper skips it unless it had begun on it. The helper's own GPU work (one step per
+    stack) is left out."""
+    seq = [r for r in rows for _ in range(r["stacks"])]
+    t = seq[0]["start_s"] + seq[0]["train_s"]
+    helper = seq[0]["setup_s"] + seq[0]["import_s"]         # when the helper is free for the next stack
+    for r in seq[1:]:
+        cost = r["setup_s"]
+        if helper + cost <= t:                              # compiled before the stack starts
+            start = r["start_s"] - r["setup_s"] + r["warm_setup_s"]
+            helper += cost
+        else:
+            start = r["start_s"]
+            if helper <= t:                                 # it had begun on this one: it finishes it
+                helper += cost
+        t += start + r["train_s"]
+    return t / 60
 
 
 def _start_parts(row: dict) -> str:
@@ -301,10 +360,15 @@ def main_train(argv=None) -> int:
                    "estimate the sweep's GPU-minutes (estimate.md/.json in --out)")
     p.add_argument("--kinds", metavar="NAMES", help="with --sweep: time only these kinds (comma-separated, as "
                    "estimate.md names them, e.g. gsa_d64_T320_conv_size4_num_slots64)")
+    p.add_argument("--timed", nargs="+", metavar="JSON", help="with --sweep: time nothing; estimate from the rows of "
+                   "earlier calls' estimate.json (e.g. one per --kinds part)")
     a = p.parse_args(argv)
     if a.sweep:
         only = [n.strip() for n in a.kinds.split(",") if n.strip()] if a.kinds else None
-        return estimate_sweep(a.sweep, a.steps, Path(a.out), only)
+        return estimate_sweep(a.sweep, a.steps, Path(a.out), only, a.timed)
+    if a.timed:
+        print("sandbox bench train: error: --timed needs --sweep FILE", file=sys.stderr)
+        return 2
     if a.kinds:
         print("sandbox bench train: error: --kinds needs --sweep FILE", file=sys.stderr)
         return 2
