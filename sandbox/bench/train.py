@@ -16,8 +16,10 @@ With ``--sweep FILE`` it times a sweep's grid instead: one stack of each kind of
 (its grid points differing only in learning rate and seed share a stack; kinds of equal shapes and settings,
 e.g. zero and noise tokens, are timed once), and estimates the GPU-minutes of the whole sweep at those rates:
 per kind, its stacks x (steps x the stack's ms per step + the start-up measured with it), one stack after
-another on one GPU with no early stop (an upper bound: a second worker under MPS overlaps start-ups).
-``--kinds NAMES`` times only the named kinds, for a sweep with more kinds than one GPU call can time.
+another on one GPU with no early stop (an upper bound: a second worker under MPS overlaps start-ups). Each kind's
+set-up is also timed with warm compile caches, and a second figure simulates the sweep worker, whose helper
+compiles the next stacks ahead (``minutes_compiling_ahead``). ``--kinds NAMES`` times only the named kinds, for a
+sweep with more kinds than one GPU call can time; ``--timed JSON...`` joins such calls' estimate.json files.
 """
 from __future__ import annotations
 
