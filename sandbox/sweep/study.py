@@ -40,6 +40,7 @@ from optuna.trial import TrialState, create_trial
 
 from sandbox.sweep.storage import (DEFAULT_TIMEOUT_S, MAX_BACKOFF_S, GuardedHeartbeatStorage, GuardedStorage,
                                    SafeJournalFile, StorageGuard)
+from sandbox.train.signals import process_alive
 
 # machine name recorded on trials (set it where machines share a hostname, e.g. containers)
 HOST = os.environ.get("SANDBOX_SWEEP_HOST") or socket.gethostname()
@@ -162,23 +163,6 @@ def _requeue_stale(study, trial) -> None:       # RDBStorage's heartbeat-stale c
     requeue(study, trial, f"no heartbeat from {trial.user_attrs.get('worker', 'its worker')}")
 
 
-def _worker_alive(pid: int) -> bool:
-    """Is ``pid`` a live sweep worker on this host? (With /proc, a reused pid or a zombie is not.)"""
-    cmdline = Path(f"/proc/{pid}/cmdline")
-    if Path("/proc/self").exists():
-        try:
-            return b"sandbox.sweep.worker" in cmdline.read_bytes()
-        except OSError:
-            return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 _unclaimed_seen: dict[int, float] = {}     # RUNNING trials with no worker yet -> when this process first saw one
 
 
@@ -203,7 +187,7 @@ def reap(study, heartbeat: bool, adopt_foreign: bool = False) -> list[str]:
         worker = t.user_attrs.get("worker")
         if worker:
             host, pid, _ = worker.rsplit(":", 2)
-            gone = not _worker_alive(int(pid)) if host == HOST else adopt_foreign and not heartbeat
+            gone = not process_alive(int(pid), "sandbox.sweep.worker") if host == HOST else adopt_foreign and not heartbeat
             if not gone:
                 continue
             stopped = _stopped_cleanly(study, t)

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from sandbox.train.group import group_kind
+from sandbox.train.signals import process_alive
 from sandbox.train.step import cache_warm, warm_marker
 
 STEPS = 3           # the helper's runs are this long: its batch pool holds no more than it uses
@@ -49,23 +50,13 @@ def _queue_file(kind) -> Path:
     return warm_marker(kind).with_suffix(".queued")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def queued(kind) -> bool:
     """Whether a live helper (of any process) has a step of ``kind`` in its list and has not compiled it yet."""
     try:
         pid = int(_queue_file(kind).read_text())
     except (OSError, ValueError):
         return False
-    return _alive(pid) and not cache_warm(kind)
+    return process_alive(pid, "sandbox.train.precompile") and not cache_warm(kind)
 
 
 def pending(cfgs) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from pathlib import Path
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -57,3 +58,20 @@ class HeldSignals:
     def __exit__(self, exc_type, exc, tb) -> None:
         self._restore()
         self.deliver()                  # one that came after the last step (or during an error) acts now
+
+
+def process_alive(pid: int, module: str) -> bool:
+    """Is ``pid`` a live process of ``python -m module`` on this host? (With /proc, a reused pid or a zombie is
+    not; without it, any live pid counts.)"""
+    if Path("/proc/self").exists():
+        try:
+            return module.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
