@@ -152,3 +152,31 @@ def test_a_replay_on_a_new_batch_is_the_eager_step_from_the_same_state(model):
     print(f"one replayed step moved the weights {moved:.1e}; replay vs eager {gap:.1e}")
     assert moved > 1e-4          # the step did something
     assert gap <= 1e-6, f"replay vs eager step from the same state: {gap:.2e} (the step moved {moved:.2e})"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Inductor lowers concatenations pointwise on a GPU only")
+def test_the_compiled_step_writes_concatenated_pieces_in_place_not_through_one_masked_kernel():
+    """A concatenation of two pointwise results feeding a product (the shape of a fused projection's backward):
+    Inductor's default makes one masked kernel named after the cat; the step's settings (``compile_options`` and,
+    under torch 2.11, ``concat_kernels``) make each piece its own kernel writing into the output."""
+    from torch._inductor.utils import run_and_get_code
+
+    from sandbox.train.step import compile_options, concat_kernels
+
+    def f(a, b, w):
+        return torch.cat([torch.nn.functional.silu(a), torch.sigmoid(b) * a], -1) @ w
+
+    g_ = torch.Generator(device="cuda").manual_seed(0)
+    a, b = (torch.randn(512, 64, device="cuda", generator=g_) for _ in range(2))
+    w = torch.randn(128, 32, device="cuda", generator=g_)
+    torch._dynamo.reset()
+    out, code = run_and_get_code(torch.compile(f, dynamic=False), a, b, w)
+    assert "triton_poi_fused_cat" in "\n".join(code)          # the default: one masked kernel
+    torch._dynamo.reset()
+    with concat_kernels():
+        out2, code2 = run_and_get_code(torch.compile(f, dynamic=False, options=compile_options()), a, b, w)
+    torch._dynamo.reset()
+    assert "triton_poi_fused_cat" not in "\n".join(code2)
+    ref = f(a.double(), b.double(), w.double())
+    torch.testing.assert_close(out2.double(), ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out2, out, rtol=1e-5, atol=1e-5)
