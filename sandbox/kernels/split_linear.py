@@ -3,21 +3,19 @@ q, k, v and gate inputs), with a backward that concatenates the pieces' gradient
 
 It equals ``F.linear(x, w).split(sizes, -1)``, forward and backward, to the bit. Autograd's own backward of
 that split concatenates the pieces' gradients for the two products (``dx = g W``, ``dW = g^T x``). Under
-``torch.compile``, Inductor makes that concatenation one pointwise kernel that computes, at every element
+``torch.compile`` Inductor made that concatenation one pointwise kernel that computed, at every element
 of the whole width, the backward arithmetic of every piece (feature maps, gates, norms, the convolution),
-masked to the piece its column falls in, reading each input in the output's order; torch 2.11 has no
-setting that changes this for up to 8 pieces. Here the concatenation is an opaque op
-(``sandbox::cat_columns``), so each piece's gradient is made by its own fused kernel, tiled for its own
-layout, and the op copies the pieces side by side. Measured on the H200 against the code before, in one
-call (results/throughput/bench_split_linear.json): Gated DeltaNet d128 T256 1.11x (5.976 -> 5.368 ms; its
-concatenation kernel alone took 0.93 ms), the Figure 8 GLA and GLA conv 4 1.05x, GSA, SSE and GLA top-8
-0.99x; GLA's and GSA's losses equal to the bit. Products per piece instead of a concatenation were slower at
-GLA (2.131 against 2.075 ms: a dozen more small products per step; bench_projection_variants.txt).
+masked to the piece its column falls in. Here the concatenation is an opaque op (``sandbox::cat_columns``),
+so each piece's gradient is made by its own fused kernel, and the op copies the pieces side by side.
+Measured on the H200 against the code before, in one call (results/throughput/bench_split_linear.json):
+Gated DeltaNet d128 T256 1.11x (5.976 -> 5.368 ms), the Figure 8 GLA and GLA conv 4 1.05x, GSA, SSE and
+GLA top-8 0.99x. Products per piece instead of a concatenation were slower at GLA (bench_projection_variants.txt).
 
-Single runs only: under ``vmap`` (stacked replicas), torch.compile inlines an ``autograd.Function``'s forward and
-differentiates that, ignoring its backward (pytorch/pytorch#129845), so a sweep's stacks still get Inductor's
-pointwise concatenation here (results/throughput/short_conv.md). Custom ops keep their backward under vmap, but
-may not return views of one product.
+Since the compiled step lowers every concatenation as a ConcatKernel (``sandbox/train/step.py``), Inductor's
+own concatenation also writes each piece in place; against that, this op measured the Figure 8 GLA 1.015x
+faster and Gated DeltaNet 1.014x slower (results/throughput/bench_concat.json), so it stays. It reaches
+single runs only: under ``vmap`` (stacked replicas), torch.compile inlines an ``autograd.Function``'s forward
+and differentiates that, ignoring its backward (pytorch/pytorch#129845); stacks get the ConcatKernel.
 """
 from __future__ import annotations
 
