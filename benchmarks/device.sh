@@ -9,7 +9,8 @@
 #                            GPU-only tests (CUDA graph = eager, stacked replicas = solo runs in bf16, kernel
 #                            tiles that Triton 3.6 miscompiles on Hopper)
 #   bench-kernels [ARGS]     `sandbox bench kernels --check ARGS` (fla beside ours when its wheel is in .whl)
-#   bench-train [ARGS]       `sandbox bench train --ref .ref/REF ARGS` (REF: $REF, else the newest directory in .ref)
+#   bench-train [ARGS]       `sandbox bench train --ref .ref/REF ARGS` (REF: $REF, else the newest directory in .ref;
+#                            none carried: no ref. With --sweep too: each kind's stack is also timed by that code)
 #   bench-sweep FILE [ARGS]  `sandbox bench sweep FILE --ref .ref/REF ARGS` (trial-steps per GPU-second)
 #   sweep FILE [ARGS]        `sandbox sweep FILE --out sweeps_out/NAME --time-limit SWEEP_SECONDS ARGS` (resumes;
 #                            default 500 s, inside a call's 10 minutes: only trials that finish in time start);

@@ -129,3 +129,23 @@ def test_an_estimate_from_earlier_calls_joins_their_rows_in_the_sweeps_order(tmp
     # one after another: the helper, ready at 9 + 3 s, is done with the second at 21 s, before it starts at 40 s
     assert abs(est["gpu_minutes_compiling_ahead"] * 60 - (10 + 30 + (10 - 9 + 2) + 30)) < 1e-9
     assert "Not timed: gla_d16_T32" in (tmp_path / "out" / "estimate.md").read_text()
+
+
+def test_a_sweep_timed_against_other_code_lists_each_stacks_ratio_and_refuses_joining_calls(tmp_path, capsys):
+    """``--sweep --ref``: each kind's row carries the other code's ms per stacked step; the estimate lists the
+    ratio and loss gap per kind (or the other code's error), and stays this code's. ``--ref`` with ``--timed``
+    (which times nothing) is refused before any work."""
+    import json
+
+    from sandbox.bench.train import _write_estimate, main_train
+    base = {"trials": 9, "stacks": 1, "replicas": 9, "ms_per_stack_step": 24.0, "trial_steps_per_s": 375.0,
+            "start_s": 30.0, "setup_s": 29.0, "eval_s": 1.0, "warm_setup_s": 3.0, "import_s": 3.0, "train_s": 72.0,
+            "gpu_minutes": 1.7}
+    rows = [{**base, "kind": "a", "ref_ms_per_stack_step": 26.4, "speedup": 26.4 / 24.0, "loss_gap": 2.5e-3},
+            {**base, "kind": "b", "ref_error": "b: exit 1: ValueError: no"}]
+    assert _write_estimate("s.yaml", rows, "G", "t", 150, 2, tmp_path) == 0
+    md = (tmp_path / "estimate.md").read_text()
+    assert "| a | 24.00 | 26.40 | 1.100 | 2.5e-03 |" in md and "| b | 24.00 | b: exit 1: ValueError: no | - | - |" in md
+    assert json.loads((tmp_path / "estimate.json").read_text())["gpu_minutes"] == 3.4
+    assert main_train(["--sweep", "s.yaml", "--timed", "x.json", "--ref", str(ROOT)]) == 2
+    assert "--timed times nothing" in capsys.readouterr().err

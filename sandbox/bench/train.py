@@ -20,6 +20,8 @@ another on one GPU with no early stop (an upper bound: a second worker under MPS
 set-up is also timed with warm compile caches, and a second figure simulates the sweep worker, whose helper
 compiles the next stacks ahead (``minutes_compiling_ahead``). ``--kinds NAMES`` times only the named kinds, for a
 sweep with more kinds than one GPU call can time; ``--timed JSON...`` joins such calls' estimate.json files.
+With ``--ref`` each kind's stack is also trained by the other code in the same call: its ms per stacked step,
+the speed-up and the loss gap go beside this code's (the estimate stays this code's).
 """
 from __future__ import annotations
 
@@ -219,7 +221,7 @@ def kind_name(d: dict) -> str:
 
 
 def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = None,
-                   timed: list[str] | None = None) -> int:
+                   timed: list[str] | None = None, ref: Path | None = None) -> int:
     """Time one stack of each kind of ``path``'s trials (or of the kinds named in ``only``); print and write
     the estimated GPU-minutes of the sweep (of those kinds). With ``timed`` (estimate.json files of earlier
     calls, e.g. one per ``--kinds`` part), time nothing and estimate from their rows."""
@@ -269,11 +271,18 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
                    setup_s=res.get("setup_s"), eval_s=res.get("eval_s"), warm_setup_s=res.get("warm_setup_s"),
                    import_s=res.get("import_s"), train_s=trial_steps * ms / 1e3, gpu_minutes=minutes,
                    peak_gib=res["peak_gib"])
+        if ref is not None:       # the same stack by the other code, side by side (its own compile caches' state)
+            old = run_one(ref, name, d, out / name / "ref", replicas=kind["replicas"])
+            if "error" in old or not old.get("steps_per_sec"):
+                row["ref_error"] = old.get("error", "no steady steps")
+            else:
+                row.update(ref_ms_per_stack_step=1e3 / old["steps_per_sec"],
+                           speedup=1e3 / old["steps_per_sec"] / ms, loss_gap=loss_gap(res["loss"], old["loss"]))
         rows.append(row)
         print(f"{name}: {kind['trials']} trials in {kind['stacks']} stacks of {kind['replicas']}: "
               f"{ms:.2f} ms per stacked step, {row['trial_steps_per_s']:.0f} trial-steps/s, start-up {start:.0f} s "
               f"({_start_parts(row)}; set-up {row['warm_setup_s'] or 0:.0f} s with warm caches), "
-              f"{minutes:.1f} GPU-minutes", flush=True)
+              f"{minutes:.1f} GPU-minutes" + _against_ref(row), flush=True)
     return _write_estimate(path, rows, torch.cuda.get_device_name(), torch.__version__, steps, len(names), out)
 
 
@@ -302,6 +311,13 @@ def _write_estimate(path: str, rows: list[dict], gpu: str, version: str, steps: 
             lines.append(f"| {r['kind']} | {r['trials']} | {r['stacks']} x {r['replicas']} | {r['ms_per_stack_step']:.2f} "
                          f"| {r['trial_steps_per_s']:.0f} | {r['start_s']:.0f} | {_start_parts(r)} | {warm} "
                          f"| {r['gpu_minutes']:.1f} |")
+    against = [r for r in rows if "speedup" in r or "ref_error" in r]
+    if against:
+        lines += ["", "Against the other code (`--ref`), the same stacks in the same call:", "",
+                  "| kind | ms / stacked step | ref ms / stacked step | speed-up | loss gap |", "|---|---|---|---|---|"]
+        lines += [f"| {r['kind']} | {r['ms_per_stack_step']:.2f} | {r['ref_error']} | - | - |" if "ref_error" in r else
+                  f"| {r['kind']} | {r['ms_per_stack_step']:.2f} | {r['ref_ms_per_stack_step']:.2f} | {r['speedup']:.3f} "
+                  f"| {'-' if r['loss_gap'] is None else format(r['loss_gap'], '.1e')} |" for r in against]
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     out.mkdir(parents=True, exist_ok=True)
@@ -338,6 +354,15 @@ def minutes_compiling_ahead(rows: list[dict]) -> float:
     return t / 60
 
 
+def _against_ref(row: dict) -> str:
+    if "ref_error" in row:
+        return f"; ref: {row['ref_error']}"
+    if "speedup" not in row:
+        return ""
+    gap = "-" if row["loss_gap"] is None else f"{row['loss_gap']:.1e}"
+    return f"; ref {row['ref_ms_per_stack_step']:.2f} ms, speed-up {row['speedup']:.3f}, loss gap {gap}"
+
+
 def _start_parts(row: dict) -> str:
     """A timed stack's start-up in parts: its group's set-up (build, pool, compilation, capture), its evaluations
     and the rest of the training call outside its steady steps (checkpoints, logs, the result's files)."""
@@ -365,9 +390,17 @@ def main_train(argv=None) -> int:
     p.add_argument("--timed", nargs="+", metavar="JSON", help="with --sweep: time nothing; estimate from the rows of "
                    "earlier calls' estimate.json (e.g. one per --kinds part)")
     a = p.parse_args(argv)
+    if a.ref and a.timed:
+        print("sandbox bench train: error: --ref times the other code; --timed times nothing", file=sys.stderr)
+        return 2
+    try:
+        ref = ref_code(a.ref) if a.ref else None
+    except ValueError as e:
+        print(f"sandbox bench train: error: {e}", file=sys.stderr)
+        return 2
     if a.sweep:
         only = [n.strip() for n in a.kinds.split(",") if n.strip()] if a.kinds else None
-        return estimate_sweep(a.sweep, a.steps, Path(a.out), only, a.timed)
+        return estimate_sweep(a.sweep, a.steps, Path(a.out), only, a.timed, ref)
     if a.timed:
         print("sandbox bench train: error: --timed needs --sweep FILE", file=sys.stderr)
         return 2
@@ -385,7 +418,6 @@ def main_train(argv=None) -> int:
         print("sandbox bench train: error: needs a CUDA GPU", file=sys.stderr)
         return 1
     from sandbox.config import parse_override, set_dotted
-    ref = ref_code(a.ref) if a.ref else None
     out = Path(a.out)
     rows = []
     for name in names:
