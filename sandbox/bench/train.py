@@ -21,7 +21,8 @@ set-up is also timed with warm compile caches, and a second figure simulates the
 compiles the next stacks ahead (``minutes_compiling_ahead``). ``--kinds NAMES`` times only the named kinds, for a
 sweep with more kinds than one GPU call can time; ``--timed JSON...`` joins such calls' estimate.json files.
 With ``--ref`` each kind's stack is also trained by the other code in the same call: its ms per stacked step,
-the speed-up and the loss gap go beside this code's (the estimate stays this code's).
+the speed-up and the loss gap go beside this code's (the estimate stays this code's); ``--profile`` lists each
+kind's stacked step by kernel.
 """
 from __future__ import annotations
 
@@ -221,7 +222,7 @@ def kind_name(d: dict) -> str:
 
 
 def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = None,
-                   timed: list[str] | None = None, ref: Path | None = None) -> int:
+                   timed: list[str] | None = None, ref: Path | None = None, profile: bool = False) -> int:
     """Time one stack of each kind of ``path``'s trials (or of the kinds named in ``only``); print and write
     the estimated GPU-minutes of the sweep (of those kinds). With ``timed`` (estimate.json files of earlier
     calls, e.g. one per ``--kinds`` part), time nothing and estimate from their rows."""
@@ -258,7 +259,7 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
         trial_steps = d["train"]["steps"]
         d["train"].update(steps=steps, eval_every=steps, log_every=25, early_stop=None, compile=True)
         name = kind_name(d)
-        res = run_one(ROOT, name, d, out / name, replicas=kind["replicas"], warm=True)
+        res = run_one(ROOT, name, d, out / name, replicas=kind["replicas"], warm=True, profile=profile)
         row = {"kind": name, "trials": kind["trials"], "stacks": kind["stacks"], "replicas": kind["replicas"]}
         if "error" in res:
             rows.append({**row, "error": res["error"]})
@@ -283,6 +284,8 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
               f"{ms:.2f} ms per stacked step, {row['trial_steps_per_s']:.0f} trial-steps/s, start-up {start:.0f} s "
               f"({_start_parts(row)}; set-up {row['warm_setup_s'] or 0:.0f} s with warm caches), "
               f"{minutes:.1f} GPU-minutes" + _against_ref(row), flush=True)
+        for k in res.get("profile", []):
+            print(f"    {k['ms_per_step']:8.4f} ms  {k['calls']:6.1f}x  {k['kernel']}")
     return _write_estimate(path, rows, torch.cuda.get_device_name(), torch.__version__, steps, len(names), out)
 
 
@@ -400,7 +403,7 @@ def main_train(argv=None) -> int:
         return 2
     if a.sweep:
         only = [n.strip() for n in a.kinds.split(",") if n.strip()] if a.kinds else None
-        return estimate_sweep(a.sweep, a.steps, Path(a.out), only, a.timed, ref)
+        return estimate_sweep(a.sweep, a.steps, Path(a.out), only, a.timed, ref, a.profile)
     if a.timed:
         print("sandbox bench train: error: --timed needs --sweep FILE", file=sys.stderr)
         return 2
