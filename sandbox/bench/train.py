@@ -284,8 +284,7 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
               f"{ms:.2f} ms per stacked step, {row['trial_steps_per_s']:.0f} trial-steps/s, start-up {start:.0f} s "
               f"({_start_parts(row)}; set-up {row['warm_setup_s'] or 0:.0f} s with warm caches), "
               f"{minutes:.1f} GPU-minutes" + _against_ref(row), flush=True)
-        for k in res.get("profile", []):
-            print(f"    {k['ms_per_step']:8.4f} ms  {k['calls']:6.1f}x  {k['kernel']}")
+        print_profile(res)
     return _write_estimate(path, rows, torch.cuda.get_device_name(), torch.__version__, steps, len(names), out)
 
 
@@ -355,6 +354,12 @@ def minutes_compiling_ahead(rows: list[dict]) -> float:
                 helper += cost
         t += start + r["train_s"]
     return t / 60
+
+
+def print_profile(res: dict) -> None:
+    """The kernels of a timed run's step (``--profile``), largest first."""
+    for k in res.get("profile", []):
+        print(f"    {k['ms_per_step']:8.4f} ms  {k['calls']:6.1f}x  {k['kernel']}")
 
 
 def _against_ref(row: dict) -> str:
@@ -436,8 +441,7 @@ def main_train(argv=None) -> int:
         stacked = run_one(ROOT, name, mine, out / name / "stacked", replicas=a.replicas) if a.replicas > 1 else None
         rows.append(summarise(name, data, new, old, stacked))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
-        for k in new.get("profile", []):
-            print(f"    {k['ms_per_step']:8.4f} ms  {k['calls']:6.1f}x  {k['kernel']}")
+        print_profile(new)
         if new.get("by_op"):
             print("    by operator (eager replay of the compiled step; own kernels' time):")
         for k in new.get("by_op", []):
