@@ -10,7 +10,7 @@
 #                            tiles that Triton 3.6 miscompiles on Hopper)
 #   bench-kernels [ARGS]     `sandbox bench kernels --check ARGS` (fla beside ours when its wheel is in .whl)
 #   bench-train [ARGS]       `sandbox bench train --ref .ref/REF ARGS` (REF: $REF, else the newest directory in .ref;
-#                            none carried: no ref. With --sweep too: each kind's stack is also timed by that code)
+#                            REF=none or none carried: no ref. With --sweep too: each kind's stack is also timed by that code)
 #   bench-sweep FILE [ARGS]  `sandbox bench sweep FILE --ref .ref/REF ARGS` (trial-steps per GPU-second)
 #   sweep FILE [ARGS]        `sandbox sweep FILE --out sweeps_out/NAME --time-limit SWEEP_SECONDS ARGS` (resumes;
 #                            default 500 s, inside a call's 10 minutes: only trials that finish in time start);
@@ -67,14 +67,14 @@ bench-kernels)
     sandbox bench kernels --check --out "$OUT/bench_kernels.json" "$@" 2>&1 | tee "$OUT/bench_kernels.txt"
     ;;
 bench-train)
-    ref=${REF:+.ref/$REF/}; ref=${ref:-$(ls -td .ref/*/ 2>/dev/null | head -n 1)}
+    ref=${REF:+.ref/$REF/}; ref=${ref:-$(ls -td .ref/*/ 2>/dev/null | head -n 1)}; [ "${REF:-}" = none ] && ref=
     sandbox bench train ${ref:+--ref "$ref"} --out /tmp/bench_train "$@" 2>&1 | tee "$OUT/bench_train.txt"
     cp /tmp/bench_train/bench.json "$OUT/bench_train.json" 2>/dev/null
     tar -czf "$OUT/bench_train_logs.tar.gz" --exclude='*.pt' --exclude='events.*' -C /tmp bench_train
     ;;
 bench-sweep)
     file="$1"; shift
-    ref=${REF:+.ref/$REF/}; ref=${ref:-$(ls -td .ref/*/ 2>/dev/null | head -n 1)}
+    ref=${REF:+.ref/$REF/}; ref=${ref:-$(ls -td .ref/*/ 2>/dev/null | head -n 1)}; [ "${REF:-}" = none ] && ref=
     sandbox bench sweep "$file" ${ref:+--ref "$ref"} --out /tmp/bench_sweep "$@" 2>&1 | tee "$OUT/bench_sweep.txt"
     cp /tmp/bench_sweep/bench.json "$OUT/bench_sweep.json" 2>/dev/null
     tar -czf "$OUT/bench_sweep_logs.tar.gz" --exclude='*.pt' --exclude='events.*' --exclude=cache -C /tmp bench_sweep
