@@ -89,6 +89,8 @@ def test_an_unknown_kind_is_refused_with_the_sweeps_kinds_before_any_gpu_work(ca
     assert "no kind gla_d999" in err and "gsa_d128_T320_topk16_conv_size4_num_slots64" in err
     assert main_train(["--kinds", "gla_d128_T320_conv_size4"]) == 2
     assert "--kinds needs --sweep" in capsys.readouterr().err
+    assert main_train(["--sweep", f, "--steps", "60", "--profile"]) == 2   # no steady steps to time
+    assert "--steps 60" in capsys.readouterr().err
 
 
 def test_compiling_ahead_charges_the_warm_set_up_to_stacks_the_helper_finished_in_time():

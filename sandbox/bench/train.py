@@ -66,6 +66,7 @@ REFERENCE = {
 }
 
 ROOT = Path(__file__).resolve().parents[2]          # this checkout (holds the sandbox package)
+MIN_STEPS = 150  # the steady rate: the median of the rates logged every 25 steps after the first 100
 
 
 def knows_compile(code: Path) -> bool:
@@ -261,7 +262,8 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
         name = kind_name(d)
         res = run_one(ROOT, name, d, out / name, replicas=kind["replicas"], warm=True, profile=profile)
         row = {"kind": name, "trials": kind["trials"], "stacks": kind["stacks"], "replicas": kind["replicas"]}
-        if "error" in res:
+        if "error" in res or not res.get("steps_per_sec"):
+            res.setdefault("error", "no steady steps logged")
             rows.append({**row, "error": res["error"]})
             print(f"{name}: {res['error']}", flush=True)
             continue
@@ -398,6 +400,11 @@ def main_train(argv=None) -> int:
     p.add_argument("--timed", nargs="+", metavar="JSON", help="with --sweep: time nothing; estimate from the rows of "
                    "earlier calls' estimate.json (e.g. one per --kinds part)")
     a = p.parse_args(argv)
+    if a.steps < MIN_STEPS and not a.timed:
+        print(f"sandbox bench train: error: --steps {a.steps}: the steady rate is read after the first 100 steps "
+              f"(compilation, graph capture), from the rate logged every 25: give --steps {MIN_STEPS} or more",
+              file=sys.stderr)
+        return 2
     if a.ref and a.timed:
         print("sandbox bench train: error: --ref times the other code; --timed times nothing", file=sys.stderr)
         return 2
