@@ -43,7 +43,7 @@ def topk_gla_inputs(B, T, H, K, V, topk=4, seed=0):
     log-decay logsigmoid(f) / 16 on the chosen rows and exactly 0 on the others, and a random dO."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, H, K, generator=gen)
-    k, _, mask = softmax_topk(torch.randn(B, T, H, K, generator=gen), topk)
+    k, mask = softmax_topk(torch.randn(B, T, H, K, generator=gen), topk)
     v = torch.randn(B, T, H, V, generator=gen)
     g = (F.logsigmoid(torch.randn(B, T, H, K, generator=gen)) / 16).masked_fill(~mask, 0.0)
     do = torch.randn(B, T, H, V, generator=gen)

@@ -10,7 +10,7 @@ from sandbox.kernels import chunk_reference, recurrent_reference
 from sandbox.kernels.slot_scores import LOG_GATE_MIN, slot_scores
 from sandbox.mixers import MixerContext, build_mixer, mixer_config_class, mixer_names
 from sandbox.mixers.base import _REGISTRY
-from sandbox.mixers.feature_maps import balance_loss
+from sandbox.mixers.feature_maps import balance_loss, chosen_indices, topk_mask
 from sandbox.mixers.linear import LinearMixer
 
 LINEAR = sorted(n for n in mixer_names() if issubclass(_REGISTRY[n][0], LinearMixer))
@@ -68,6 +68,7 @@ def one_step_keeps_unselected_rows(q, k, v, g, beta, mask, t):
 @pytest.mark.parametrize("name", LINEAR)
 def test_topk_leaves_unselected_rows_bit_identical(name):
     m = make(name, topk=3, impl="naive")
+    m.capture = {}                                          # the chosen rows' indices are recorded only then
     x = torch.randn(2, 9, CTX.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         p = m.features(x)
@@ -93,6 +94,27 @@ def test_topk_leaves_unselected_rows_bit_identical(name):
                                        p["g"].reshape(B, T, H * K), None, mask1, 5)
     else:
         one_step_keeps_unselected_rows(p["q"], p["k"], p["v"], p["g"], p["beta"], mask, 5)
+
+
+@pytest.mark.parametrize("c,k", [(5, 1), (5, 3), (32, 8), (64, 16), (64, 64)])
+def test_topk_mask_chooses_what_torch_topk_chooses(c, k):
+    """Without ties (float64 normals) the pairwise-comparison mask is torch.topk's set, exactly k per row, and
+    the recorded indices are topk's, largest first."""
+    x = torch.randn(3, 7, 2, c, dtype=torch.float64, generator=torch.Generator().manual_seed(c + k))
+    want = x.topk(k, dim=-1)
+    mask = topk_mask(x, k)
+    assert torch.equal(mask, torch.zeros_like(mask).scatter_(-1, want.indices, True))
+    assert torch.equal(chosen_indices(x, mask, k), want.indices)
+
+
+def test_topk_mask_gives_ties_to_the_earlier_entry():
+    """Closed-form cases: exactly k chosen even when values tie across the cut."""
+    x = torch.tensor([[1.0, 3.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0, 2.0], [0.0, -1.0, 5.0, -1.0, -1.0]])
+    assert topk_mask(x, 2).tolist() == [[False, True, True, False, False], [True, True, False, False, False],
+                                        [True, False, True, False, False]]
+    assert topk_mask(x, 3)[2].tolist() == [True, True, True, False, False]
+    with pytest.raises(ValueError, match="topk must be in"):
+        topk_mask(x, 6)
 
 
 def test_chunked_form_keeps_never_selected_rows_bit_identical():

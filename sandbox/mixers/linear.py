@@ -27,7 +27,7 @@ from sandbox.kernels import IMPLS, linear_recurrence
 from sandbox.kernels.short_conv import short_conv
 from sandbox.kernels.split_linear import split_linear
 from sandbox.mixers.base import Mixer, MixerContext
-from sandbox.mixers.feature_maps import FEATURE_MAPS, balance_loss, feature_map, softmax_topk
+from sandbox.mixers.feature_maps import FEATURE_MAPS, balance_loss, chosen_indices, feature_map, softmax_topk
 
 TRANSITIONS = ("none", "constant", "scalar", "diagonal", "delta", "gated_delta")
 FeatureMap = Literal["identity", "relu", "silu", "elu1", "softmax"]
@@ -237,7 +237,9 @@ class LinearMixer(Mixer):
             logits = parts[1].view(B, T, H, K)
             p["k"] = feature_map(cfg.feature_map, logits)
         if cfg.topk is not None:
-            p["k"], p["routing"], mask = softmax_topk(logits, cfg.topk)
+            p["k"], mask = softmax_topk(logits, cfg.topk)
+            if self.capture is not None:
+                p["routing"] = chosen_indices(logits, mask, cfg.topk)
             if p["g"] is not None:
                 g = p["g"] if p["g"].ndim == 4 else p["g"][..., None].expand(B, T, H, K)
                 p["g"] = g.masked_fill(~mask, 0.0)

@@ -36,7 +36,7 @@ from torch import nn
 
 from sandbox.kernels.short_conv import short_conv
 from sandbox.mixers.base import Mixer, MixerContext, register
-from sandbox.mixers.feature_maps import balance_loss, feature_map, softmax_topk
+from sandbox.mixers.feature_maps import balance_loss, feature_map, softmax_topk, topk_mask
 from sandbox.mixers.linear import LinearMixer
 from sandbox.mixers.linear_family import GatedDeltaNetConfig, GLAConfig
 from sandbox.mixers.sse_impl import Routing, partitioned_recurrence, resolve_impl, route
@@ -221,9 +221,9 @@ class SSE(PartitionedMixer):
         mask = None
         if cfg.row_topk is not None:
             if cfg.key_map == "softmax":
-                keys, _, mask = softmax_topk(logits, cfg.row_topk)
+                keys, mask = softmax_topk(logits, cfg.row_topk)
             else:
-                mask = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, logits.topk(cfg.row_topk, -1).indices, True)
+                mask = topk_mask(logits, cfg.row_topk)
                 keys = F.silu(logits) * mask
         else:
             keys = logits.softmax(-1) if cfg.key_map == "softmax" else F.silu(logits)
