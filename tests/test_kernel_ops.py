@@ -272,3 +272,30 @@ def test_vmap_of_the_short_conv_equals_one_call_each_also_compiled():
         torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(x.grad, xs.grad, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(w.grad, ws.grad, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("rows, c, k, dtype", [(1, 5, 2, torch.float32), (300, 32, 8, torch.bfloat16),
+                                               (70, 64, 16, torch.float32), (9, 20, 20, torch.float16)])
+def test_topk_mask_kernel_chooses_what_topk_and_the_pairwise_count_choose(rows, c, k, dtype):
+    """The Triton kernel against the torch form and torch.topk: rows of a padded column count (5, 20), more
+    rows than one program holds (300 x 32), and 16-bit inputs. Values drawn without ties (a permutation per
+    row, exact in every dtype), so topk's set is the only answer; then a row of ties, to the earlier entries."""
+    from sandbox.kernels.topk_mask import _pairwise
+    from sandbox.kernels.triton_topk_mask import topk_mask_triton
+    g_ = torch.Generator().manual_seed(rows + c)
+    x = torch.stack([torch.randperm(c, generator=g_) for _ in range(rows)]).to(dtype).view(rows, 1, c)
+    want = torch.zeros_like(x, dtype=torch.bool).scatter_(-1, x.float().topk(k, dim=-1).indices, True)
+    got = topk_mask_triton(x, k)
+    assert got.dtype == torch.bool and got.shape == x.shape
+    assert torch.equal(got, want) and torch.equal(_pairwise(x, k), want)
+    ties = torch.tensor([[1.0, 3.0, 3.0, 3.0, 0.0], [2.0] * 5], dtype=dtype)
+    assert topk_mask_triton(ties, 2).tolist() == [[False, True, True, False, False], [True, True, False, False, False]]
+
+
+def test_topk_mask_op_passes_opcheck_and_folds_replicas_under_vmap():
+    from sandbox.kernels.topk_mask import topk_mask
+    x = torch.randn(3, 4, 2, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    torch.library.opcheck(torch.ops.sandbox.topk_mask.default, (x, 3), test_utils=("test_schema", "test_faketensor"))
+    want = torch.stack([topk_mask(x[r], 3) for r in range(3)])
+    assert torch.equal(torch.func.vmap(topk_mask, in_dims=(1, None))(x.transpose(0, 1), 3), want)
+    assert torch.equal(torch.compile(torch.func.vmap(lambda z: topk_mask(z, 3)), backend="aot_eager")(x), want)

@@ -10,7 +10,8 @@ from sandbox.kernels import chunk_reference, recurrent_reference
 from sandbox.kernels.slot_scores import LOG_GATE_MIN, slot_scores
 from sandbox.mixers import MixerContext, build_mixer, mixer_config_class, mixer_names
 from sandbox.mixers.base import _REGISTRY
-from sandbox.mixers.feature_maps import balance_loss, chosen_indices, topk_mask
+from sandbox.kernels.topk_mask import topk_mask
+from sandbox.mixers.feature_maps import balance_loss, chosen_indices
 from sandbox.mixers.linear import LinearMixer
 
 LINEAR = sorted(n for n in mixer_names() if issubclass(_REGISTRY[n][0], LinearMixer))

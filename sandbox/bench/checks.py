@@ -1,11 +1,12 @@
 """Correctness checks of the Triton kernels against the float64 torch reference.
 
 Every kernel family (gate none / scalar / diagonal, with initial and final state, packed
-variable-length segments with empty ones, delta rule, decode, GSA's slot scores, the short convolution) runs on
-fresh random inputs and is compared with its torch form on the same inputs upcast to float64, by
-``|out - ref| / |ref|`` for the output, the final state and every gradient. ``sandbox bench
-kernels --check`` runs these on the GPU before timing and refuses to time a kernel that fails
-(triton 3.4-3.7.0 is known to miscompile some gated chunk backward kernels on Hopper).
+variable-length segments with empty ones, delta rule, decode, GSA's slot scores, the short convolution)
+runs on fresh random inputs and is compared with its torch form on the same inputs upcast to float64, by
+``|out - ref| / |ref|`` for the output, the final state and every gradient; the top-k row mask, by the
+entries where it differs from torch.topk's choice. ``sandbox bench kernels --check`` runs these on the
+GPU before timing and refuses to time a kernel that fails (triton 3.4-3.7.0 is known to miscompile some
+gated chunk backward kernels on Hopper).
 """
 from __future__ import annotations
 
@@ -162,6 +163,20 @@ def check_short_conv(dtype, device, N=6, T=333, C=400, W=4, G=3) -> dict:
     return {"errors": errs, "ok": all(e <= TOL[dtype] for e in errs.values()), "tol": TOL[dtype]}
 
 
+def check_topk_mask(dtype, device, rows=9 * 2048, c=64, k=16) -> dict:
+    """The top-k row mask (``triton_topk_mask.py``) against torch.topk's set, on rows without ties (a permutation
+    each, exact in 16-bit floats) of 64 and of 32 columns (GSA's slots, GLA's key rows at d_model 128): the count
+    of entries where they differ, which must be 0."""
+    from sandbox.kernels.topk_mask import topk_mask
+
+    errs = {}
+    for cc, kk in ((c, k), (c // 2, k // 2)):
+        x = torch.rand(rows, cc, device=device).argsort(-1).to(dtype)
+        want = torch.zeros_like(x, dtype=torch.bool).scatter_(-1, x.float().topk(kk, -1).indices, True)
+        errs[f"differ_c{cc}_k{kk}"] = float((topk_mask(x, kk) != want).sum().item())
+    return {"errors": errs, "ok": all(e == 0 for e in errs.values()), "tol": 0.0}
+
+
 def _family_cases(dtype):
     """(name, kernel, make_inputs args, make_inputs kwargs, scale) of every family check at one dtype."""
     dn = str(dtype)[6:]
@@ -210,6 +225,7 @@ def family_checks(device) -> dict:
             run(name, dtype, lambda: check_recurrence(fn, make_inputs(*args, dtype, device, **kw), scale, TOL[dtype]))
         run(f"slot_scores_{str(dtype)[6:]}", dtype, lambda: check_slot_scores(dtype, device))
         run(f"short_conv_{str(dtype)[6:]}", dtype, lambda: check_short_conv(dtype, device))
+        run(f"topk_mask_{str(dtype)[6:]}", dtype, lambda: check_topk_mask(dtype, device))
         run(None, dtype, lambda: check_decode(dtype, device))          # several entries of its own
     return out
 

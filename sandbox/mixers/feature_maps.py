@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from sandbox.kernels.topk_mask import topk_mask
+
 FEATURE_MAPS = ("identity", "relu", "silu", "elu1", "softmax")
 
 
@@ -25,24 +27,6 @@ def feature_map(name: str, x: torch.Tensor) -> torch.Tensor:
     if name == "softmax":
         return x.softmax(dim=-1)
     raise ValueError(f"feature_map must be one of {FEATURE_MAPS}, got {name!r}")
-
-
-def topk_mask(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Boolean mask of the k largest entries over the last dim (no gradient): entry i is chosen when fewer than
-    k entries beat it, an entry beating i when it is larger, or equal and earlier. So exactly k are chosen per
-    row, ties going to the earlier entry.
-
-    By pairwise comparison rather than ``torch.topk``: on rows this short (GLA's 32 key rows, GSA's 64 slots)
-    topk runs a sort per row, 6.0 of the 30.2 ms of a stack of 9 Figure 8 GLA top-8 runs on the H200, where
-    compiled, the comparisons and their count are one reduction kernel. Eager, it holds a [..., c, c] bool."""
-    c = logits.shape[-1]
-    if not 1 <= k <= c:
-        raise ValueError(f"topk must be in [1, {c}] (the key dimension), got {k}")
-    x = logits.detach()
-    i = torch.arange(c, device=x.device)
-    earlier = i[None, :] < i[:, None]                    # [i, j]: entry j comes before entry i
-    xi, xj = x[..., :, None], x[..., None, :]
-    return ((xj > xi) | ((xj == xi) & earlier)).sum(-1) < k
 
 
 def softmax_topk(logits: torch.Tensor, k: int):

@@ -35,8 +35,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from sandbox.kernels.short_conv import short_conv
+from sandbox.kernels.topk_mask import topk_mask
 from sandbox.mixers.base import Mixer, MixerContext, register
-from sandbox.mixers.feature_maps import balance_loss, feature_map, softmax_topk, topk_mask
+from sandbox.mixers.feature_maps import balance_loss, feature_map, softmax_topk
 from sandbox.mixers.linear import LinearMixer
 from sandbox.mixers.linear_family import GatedDeltaNetConfig, GLAConfig
 from sandbox.mixers.sse_impl import Routing, partitioned_recurrence, resolve_impl, route
