@@ -110,7 +110,8 @@ def test_compiling_ahead_charges_the_warm_set_up_to_stacks_the_helper_finished_i
 
 def test_an_estimate_from_earlier_calls_joins_their_rows_in_the_sweeps_order(tmp_path):
     """``--timed``: the kinds timed in separate calls (``--kinds`` parts) give one estimate, in the sweep's order
-    of kinds, summing their GPU-minutes; a kind no file timed is named and the exit status says so."""
+    of kinds, summing their GPU-minutes; a kind no file timed is named and the exit status says so; a kind in
+    several files takes its row from the last."""
     import json
 
     from sandbox.bench.train import main_train
@@ -131,6 +132,11 @@ def test_an_estimate_from_earlier_calls_joins_their_rows_in_the_sweeps_order(tmp
     # one after another: the helper, ready at 9 + 3 s, is done with the second at 21 s, before it starts at 40 s
     assert abs(est["gpu_minutes_compiling_ahead"] * 60 - (10 + 30 + (10 - 9 + 2) + 30)) < 1e-9
     assert "Not timed: gla_d16_T32" in (tmp_path / "out" / "estimate.md").read_text()
+    # a kind timed again in a later file: the later row counts (the kinds a change reaches, timed anew)
+    again = [{**row, "kind": "gla_d64_T32", "gpu_minutes": 0.5}]
+    (tmp_path / "c.json").write_text(json.dumps({"gpu": "G", "torch": "t", "steps": 150, "rows": again}))
+    assert main_train(["--sweep", str(f), "--timed", *files, str(tmp_path / "c.json"), "--out", str(tmp_path / "o2")]) == 1
+    assert json.loads((tmp_path / "o2" / "estimate.json").read_text())["gpu_minutes"] == 1.5
 
 
 def test_a_sweep_timed_against_other_code_lists_each_stacks_ratio_and_refuses_joining_calls(tmp_path, capsys):

@@ -398,7 +398,7 @@ def main_train(argv=None) -> int:
     p.add_argument("--kinds", metavar="NAMES", help="with --sweep: time only these kinds (comma-separated, as "
                    "estimate.md names them, e.g. gsa_d64_T320_conv_size4_num_slots64)")
     p.add_argument("--timed", nargs="+", metavar="JSON", help="with --sweep: time nothing; estimate from the rows of "
-                   "earlier calls' estimate.json (e.g. one per --kinds part)")
+                   "earlier calls' estimate.json (e.g. one per --kinds part; a kind in several files: the last one's row)")
     a = p.parse_args(argv)
     if a.steps < MIN_STEPS and not a.timed:
         print(f"sandbox bench train: error: --steps {a.steps}: the steady rate is read after the first 100 steps "
