@@ -263,9 +263,9 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
         res = run_one(ROOT, name, d, out / name, replicas=kind["replicas"], warm=True, profile=profile)
         row = {"kind": name, "trials": kind["trials"], "stacks": kind["stacks"], "replicas": kind["replicas"]}
         if "error" in res or not res.get("steps_per_sec"):
-            res.setdefault("error", "no steady steps logged")
-            rows.append({**row, "error": res["error"]})
-            print(f"{name}: {res['error']}", flush=True)
+            error = res.get("error", "no steady steps logged")
+            rows.append({**row, "error": error})
+            print(f"{name}: {error}", flush=True)
             continue
         ms = 1e3 / res["steps_per_sec"]
         start = res["wall_s"] - steps * ms / 1e3
