@@ -279,7 +279,8 @@ def test_vmap_of_the_short_conv_equals_one_call_each_also_compiled():
 def test_topk_mask_kernel_chooses_what_topk_and_the_pairwise_count_choose(rows, c, k, dtype):
     """The Triton kernel against the torch form and torch.topk: rows of a padded column count (5, 20), more
     rows than one program holds (300 x 32), and 16-bit inputs. Values drawn without ties (a permutation per
-    row, exact in every dtype), so topk's set is the only answer; then a row of ties, to the earlier entries."""
+    row, exact in every dtype), so topk's set is the only answer; then rows of ties, to the earlier entries, against
+    the pairwise count."""
     from sandbox.kernels.topk_mask import _pairwise
     from sandbox.kernels.triton_topk_mask import topk_mask_triton
     g_ = torch.Generator().manual_seed(rows + c)
@@ -290,6 +291,9 @@ def test_topk_mask_kernel_chooses_what_topk_and_the_pairwise_count_choose(rows, 
     assert torch.equal(got, want) and torch.equal(_pairwise(x, k), want)
     ties = torch.tensor([[1.0, 3.0, 3.0, 3.0, 0.0], [2.0] * 5], dtype=dtype)
     assert topk_mask_triton(ties, 2).tolist() == [[False, True, True, False, False], [True, True, False, False, False]]
+    many = torch.randint(-3, 4, (rows, c), generator=g_).to(dtype)    # ties everywhere, across the cut too
+    many[0, :2], many[-1, 0] = -0.0, float("-inf")                   # -0.0 ties +0.0; -inf ranks last
+    assert torch.equal(topk_mask_triton(many, k), _pairwise(many, k))
 
 
 def test_topk_mask_op_passes_opcheck_and_folds_replicas_under_vmap():

@@ -1,9 +1,13 @@
 """The k largest entries of each row (``topk_mask.py``) as one Triton kernel.
 
-``_topk_mask``: one program per block of R rows holds their [R, c] entries in registers and walks the c
-columns; column j beats entry i where it is larger, or equal and earlier (j < i). An entry's count of what
-beats it is its rank; the first k ranks are chosen. c^2 comparisons per row, none of them read from memory
-twice: the program reads its rows once (column j again from cache) and writes one byte per entry.
+``_topk_mask``: one program per block of R rows holds their [R, c] entries in registers as 32-bit keys whose
+unsigned order is the floats' order (-0.0 taken as +0.0). It finds each row's k-th largest key t bit by bit,
+from the top: a bit stays set when at least k keys are at or above the candidate (32 counts per row, whatever
+c). The keys above t are chosen, and of those equal to t the earliest, as many as places are left (a running
+count along the row). It reads the rows once and writes one byte per entry.
+
+A first version counted, for each entry, the entries beating it (c^2 comparisons per row): 1.75 ms per call at
+a stack of 9 GSA runs (64 slots) on the H200.
 """
 from __future__ import annotations
 
@@ -18,16 +22,22 @@ ENTRIES = 4096      # entries held per program (rows x padded columns)
 def _topk_mask(x, out, n_rows, c, k, BR: tl.constexpr, BC: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BC)
-    mr = rows < n_rows
-    m = mr[:, None] & (cols < c)[None, :]
+    m = (rows < n_rows)[:, None] & (cols < c)[None, :]
     base = rows[:, None] * c + cols[None, :]
-    xi = tl.load(x + base, mask=m, other=0.0).to(tl.float32)
-    rank = tl.zeros([BR, BC], dtype=tl.int32)
-    for j in range(c):
-        xj = tl.load(x + rows * c + j, mask=mr, other=0.0).to(tl.float32)[:, None]
-        beats = (xj > xi) | ((xj == xi) & (cols > j)[None, :])
-        rank += beats.to(tl.int32)
-    tl.store(out + base, (rank < k).to(tl.int8), mask=m)
+    v = tl.load(x + base, mask=m, other=0.0).to(tl.float32)
+    v = tl.where(v == 0.0, 0.0, v)                              # -0.0 is +0.0, as comparisons have it
+    b = v.to(tl.int32, bitcast=True)
+    o = b ^ ((b >> 31) & 0x7FFFFFFF)                            # signed integer order = float order
+    u = tl.where(m, (o ^ (-2147483648)).to(tl.uint32, bitcast=True), 0)   # unsigned; padding below all
+    t = tl.zeros([BR], dtype=tl.uint32)                          # the k-th largest key, bit by bit
+    for i in tl.static_range(32):
+        cand = t | (tl.full([BR], 1, tl.uint32) << (31 - i))
+        t = tl.where(tl.sum((u >= cand[:, None]).to(tl.int32), axis=1) >= k, cand, t)
+    above = u > t[:, None]
+    at = (u == t[:, None]) & m
+    room = k - tl.sum(above.to(tl.int32), axis=1)                # places left for entries equal to it
+    chosen = above | (at & (tl.cumsum(at.to(tl.int32), axis=1) <= room[:, None]))
+    tl.store(out + base, chosen.to(tl.int8), mask=m)
 
 
 def topk_mask_triton(x: torch.Tensor, k: int) -> torch.Tensor:
