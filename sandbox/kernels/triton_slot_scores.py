@@ -11,7 +11,8 @@ of the log-gate at -8 keep every exponential finite): with gc the chunk-local cu
 [C, m], gc_mid its row C/2 - 1, gl its last row and A = scale * tril(q k^T) [C, C]:
     o     = exp(gc - gc_mid) * (A @ (exp(gc_mid - gc) * s)) + scale * exp(gc) * (q @ h_c^T)
     h_c+1 = exp(gl)[:, None] * h_c + (exp(gl - gc) * s)^T @ k
-Forward: ``_fwd_states`` (sequential over chunks, stores gc and every chunk-start state h_c) and
+Forward: ``_fwd_states`` (sequential over chunks, stores gc and every chunk-start state h_c, in q's dtype:
+the later kernels only read h_c, and the state gradients dh_c, as matrix-product operands in that dtype) and
 ``_fwd_o`` (parallel over chunks). Backward: ``_bwd_states`` (the same pass in reverse: the gradient
 of every chunk-end state) and ``_bwd_chunk`` (parallel over chunks: dq, dk, ds and the gate's
 per-step term do * o - s * ds, whose reverse cumulative sum over the sequence, ``_rev_cumsum``, is dg).
@@ -27,6 +28,20 @@ import triton.language as tl
 from sandbox.kernels.triton_chunk_common import fold_replicas
 
 C = 16  # chunk length (slot_scores.CHUNK)
+# Warps per launch by the key tile's width BK (the state tile is 64 slots x BK), the fastest of 1-8 for each kernel
+# on the H200 at d_k 32, 64 and 128 (`benchmarks/slot_scores_speed.py`, results/throughput/slot_scores_tiles_*.json);
+# other widths take the nearest row. WARPS overrides a kernel's entry (for that benchmark).
+WARPS_BY_BK = {32: {"fwd_states": 2, "fwd_o": 1, "bwd_states": 2, "bwd_chunk": 2, "rev_cumsum": 1},
+               64: {"fwd_states": 2, "fwd_o": 1, "bwd_states": 2, "bwd_chunk": 4, "rev_cumsum": 1},
+               128: {"fwd_states": 4, "fwd_o": 2, "bwd_states": 4, "bwd_chunk": 4, "rev_cumsum": 1}}
+WARPS: dict[str, int] = {}
+CPP = {"fwd_o": 4, "bwd_chunk": 4}   # chunks per program of the kernels parallel over chunks
+
+
+def warps(kernel: str, BK: int) -> int:
+    if kernel in WARPS:
+        return WARPS[kernel]
+    return WARPS_BY_BK[min(WARPS_BY_BK, key=lambda w: abs(w.bit_length() - BK.bit_length()))][kernel]
 
 
 @triton.jit
@@ -79,7 +94,7 @@ def _fwd_states(k, s, g, gc, h, ht, T, H, M, NT, K: tl.constexpr, STORE_HT: tl.c
         p_m = tok[:, None] * M + o_m[None, :]
         m_tm = m_t[:, None] & m_m[None, :]
         ch = ((i_b * NT + c) * H + i_h).to(tl.int64)
-        tl.store(h + (ch * M + o_m[:, None]) * K + o_k[None, :], S, mask=m_h)
+        tl.store(h + (ch * M + o_m[:, None]) * K + o_k[None, :], S.to(h.dtype.element_ty), mask=m_h)
         b_gc = tl.cumsum(tl.load(g + p_m, mask=m_tm, other=0.).to(tl.float32), axis=0)
         tl.store(gc + p_m, b_gc, mask=m_tm)
         gl = _last_row(b_gc, C)
@@ -93,28 +108,32 @@ def _fwd_states(k, s, g, gc, h, ht, T, H, M, NT, K: tl.constexpr, STORE_HT: tl.c
 
 @triton.jit
 def _fwd_o(q, k, s, gc, h, o, scale, T, H, M, NT, K: tl.constexpr, C: tl.constexpr, BM: tl.constexpr,
-           BK: tl.constexpr, NM: tl.constexpr):
+           BK: tl.constexpr, NM: tl.constexpr, CPP: tl.constexpr):
+    """CPP consecutive chunks per program, one after another (the loads of the next overlap this one's work)."""
     i_cm, i_h = tl.program_id(0), tl.program_id(1)
     i_c, i_m = i_cm // NM, i_cm % NM
-    i_b, c = i_c // NT, i_c % NT
+    NP = tl.cdiv(NT, CPP)
+    i_b = i_c // NP
     o_m, o_k, m_m, m_k = _tile(i_m, M, K, BM, BK)
     o_t = tl.arange(0, C)
-    m_t, tok = _rows(i_b, c, i_h, T, H, C)
-    p_m = tok[:, None] * M + o_m[None, :]
-    m_tm = m_t[:, None] & m_m[None, :]
-    m_tk = m_t[:, None] & m_k[None, :]
-    b_q = tl.load(q + tok[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
-    b_k = tl.load(k + tok[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
-    A = tl.dot(b_q, tl.trans(b_k)) * scale
-    A = tl.where(o_t[:, None] >= o_t[None, :], A, 0.)
-    b_gc = _load_gc(gc, p_m, m_tm, m_t, C)
-    b_s = tl.load(s + p_m, mask=m_tm, other=0.).to(tl.float32)
-    mid = _mid_row(b_gc, C)[None, :]
-    ch = ((i_b * NT + c) * H + i_h).to(tl.int64)
-    b_h = tl.load(h + (ch * M + o_m[:, None]) * K + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.)
-    intra = tl.exp(b_gc - mid) * tl.dot(A, tl.exp(mid - b_gc) * b_s)
-    inter = tl.exp(b_gc) * tl.dot(b_q, tl.trans(b_h.to(b_q.dtype))) * scale
-    tl.store(o + p_m, intra + inter, mask=m_tm)
+    for j in range(CPP):
+        c = (i_c % NP) * CPP + j
+        m_t, tok = _rows(i_b, c, i_h, T, H, C)
+        p_m = tok[:, None] * M + o_m[None, :]
+        m_tm = m_t[:, None] & m_m[None, :]
+        m_tk = m_t[:, None] & m_k[None, :]
+        b_q = tl.load(q + tok[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
+        b_k = tl.load(k + tok[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
+        A = tl.dot(b_q, tl.trans(b_k)) * scale
+        A = tl.where(o_t[:, None] >= o_t[None, :], A, 0.)
+        b_gc = _load_gc(gc, p_m, m_tm, m_t, C)
+        b_s = tl.load(s + p_m, mask=m_tm, other=0.).to(tl.float32)
+        mid = _mid_row(b_gc, C)[None, :]
+        ch = ((i_b * NT + tl.minimum(c, NT - 1)) * H + i_h).to(tl.int64)   # c >= NT: every row masked
+        b_h = tl.load(h + (ch * M + o_m[:, None]) * K + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.)
+        intra = tl.exp(b_gc - mid) * tl.dot(A, tl.exp(mid - b_gc) * b_s)
+        inter = tl.exp(b_gc) * tl.dot(b_q, tl.trans(b_h.to(b_q.dtype))) * scale
+        tl.store(o + p_m, intra + inter, mask=m_tm)
 
 
 @triton.jit
@@ -132,7 +151,7 @@ def _bwd_states(q, do, gc, dh, scale, T, H, M, NT, K: tl.constexpr, C: tl.conste
         p_m = tok[:, None] * M + o_m[None, :]
         m_tm = m_t[:, None] & m_m[None, :]
         ch = ((i_b * NT + c) * H + i_h).to(tl.int64)
-        tl.store(dh + (ch * M + o_m[:, None]) * K + o_k[None, :], dS, mask=m_h)
+        tl.store(dh + (ch * M + o_m[:, None]) * K + o_k[None, :], dS.to(dh.dtype.element_ty), mask=m_h)
         b_gc = _load_gc(gc, p_m, m_tm, m_t, C)
         b_do = tl.load(do + p_m, mask=m_tm, other=0.).to(tl.float32)
         b_q = tl.load(q + tok[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
@@ -142,51 +161,55 @@ def _bwd_states(q, do, gc, dh, scale, T, H, M, NT, K: tl.constexpr, C: tl.conste
 
 @triton.jit
 def _bwd_chunk(q, k, s, gc, h, dh, do, o, dq, dk, ds, dG, scale, T, H, M, NT, K: tl.constexpr,
-               C: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+               C: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, CPP: tl.constexpr):
+    """CPP consecutive chunks per program, one after another."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
-    i_b, c = i_c // NT, i_c % NT
+    NP = tl.cdiv(NT, CPP)
+    i_b = i_c // NP
     o_k = tl.arange(0, BK)
     o_t = tl.arange(0, C)
     m_k = o_k < K
-    m_t, tok = _rows(i_b, c, i_h, T, H, C)
-    m_tk = m_t[:, None] & m_k[None, :]
-    b_q = tl.load(q + tok[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
-    b_k = tl.load(k + tok[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
-    dt = b_q.dtype
-    causal = o_t[:, None] >= o_t[None, :]
-    A = tl.where(causal, tl.dot(b_q, tl.trans(b_k)) * scale, 0.)
-    ch = ((i_b * NT + c) * H + i_h).to(tl.int64)
-    b_dq = tl.zeros([C, BK], dtype=tl.float32)
-    b_dk = tl.zeros([C, BK], dtype=tl.float32)
-    dA = tl.zeros([C, C], dtype=tl.float32)
-    for i_m in range(0, tl.cdiv(M, BM)):
-        o_m, _, m_m, _ = _tile(i_m, M, K, BM, BK)
-        p_m = tok[:, None] * M + o_m[None, :]
-        m_tm = m_t[:, None] & m_m[None, :]
-        p_h = (ch * M + o_m[:, None]) * K + o_k[None, :]
-        m_h = m_m[:, None] & m_k[None, :]
-        b_gc = _load_gc(gc, p_m, m_tm, m_t, C)
-        b_s = tl.load(s + p_m, mask=m_tm, other=0.).to(tl.float32)
-        b_do = tl.load(do + p_m, mask=m_tm, other=0.).to(tl.float32)
-        b_o = tl.load(o + p_m, mask=m_tm, other=0.)
-        b_h = tl.load(h + p_h, mask=m_h, other=0.).to(dt)
-        b_dh = tl.load(dh + p_h, mask=m_h, other=0.).to(dt)
-        mid = _mid_row(b_gc, C)[None, :]
-        gl = _last_row(b_gc, C)[None, :]
-        dm = tl.exp(b_gc - mid) * b_do                   # do relative to the chunk's middle
-        sm = tl.exp(mid - b_gc) * b_s                    # s relative to the chunk's middle
-        dA += tl.dot(dm, tl.trans(sm))
-        b_dq += tl.dot((tl.exp(b_gc) * b_do).to(dt), b_h) * scale
-        decay = tl.exp(gl - b_gc)                        # from each step to the chunk's end
-        b_dk += tl.dot((decay * b_s).to(dt), b_dh)
-        b_ds = tl.exp(mid - b_gc) * tl.dot(tl.trans(A), dm) + decay * tl.dot(b_k, tl.trans(b_dh))
-        tl.store(ds + p_m, b_ds, mask=m_tm)
-        tl.store(dG + p_m, b_do * b_o - b_s * b_ds, mask=m_tm)
-    dA = tl.where(causal, dA, 0.) * scale
-    b_dq += tl.dot(dA, b_k.to(tl.float32))
-    b_dk += tl.dot(tl.trans(dA), b_q.to(tl.float32))
-    tl.store(dq + tok[:, None] * K + o_k[None, :], b_dq, mask=m_tk)
-    tl.store(dk + tok[:, None] * K + o_k[None, :], b_dk, mask=m_tk)
+    for j in range(CPP):
+        c = (i_c % NP) * CPP + j
+        m_t, tok = _rows(i_b, c, i_h, T, H, C)
+        m_tk = m_t[:, None] & m_k[None, :]
+        b_q = tl.load(q + tok[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
+        b_k = tl.load(k + tok[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
+        dt = b_q.dtype
+        causal = o_t[:, None] >= o_t[None, :]
+        A = tl.where(causal, tl.dot(b_q, tl.trans(b_k)) * scale, 0.)
+        ch = ((i_b * NT + tl.minimum(c, NT - 1)) * H + i_h).to(tl.int64)   # c >= NT: every row masked
+        b_dq = tl.zeros([C, BK], dtype=tl.float32)
+        b_dk = tl.zeros([C, BK], dtype=tl.float32)
+        dA = tl.zeros([C, C], dtype=tl.float32)
+        for i_m in range(0, tl.cdiv(M, BM)):
+            o_m, _, m_m, _ = _tile(i_m, M, K, BM, BK)
+            p_m = tok[:, None] * M + o_m[None, :]
+            m_tm = m_t[:, None] & m_m[None, :]
+            p_h = (ch * M + o_m[:, None]) * K + o_k[None, :]
+            m_h = m_m[:, None] & m_k[None, :]
+            b_gc = _load_gc(gc, p_m, m_tm, m_t, C)
+            b_s = tl.load(s + p_m, mask=m_tm, other=0.).to(tl.float32)
+            b_do = tl.load(do + p_m, mask=m_tm, other=0.).to(tl.float32)
+            b_o = tl.load(o + p_m, mask=m_tm, other=0.)
+            b_h = tl.load(h + p_h, mask=m_h, other=0.).to(dt)
+            b_dh = tl.load(dh + p_h, mask=m_h, other=0.).to(dt)
+            mid = _mid_row(b_gc, C)[None, :]
+            gl = _last_row(b_gc, C)[None, :]
+            dm = tl.exp(b_gc - mid) * b_do                   # do relative to the chunk's middle
+            sm = tl.exp(mid - b_gc) * b_s                    # s relative to the chunk's middle
+            dA += tl.dot(dm, tl.trans(sm))
+            b_dq += tl.dot((tl.exp(b_gc) * b_do).to(dt), b_h) * scale
+            decay = tl.exp(gl - b_gc)                        # from each step to the chunk's end
+            b_dk += tl.dot((decay * b_s).to(dt), b_dh)
+            b_ds = tl.exp(mid - b_gc) * tl.dot(tl.trans(A), dm) + decay * tl.dot(b_k, tl.trans(b_dh))
+            tl.store(ds + p_m, b_ds, mask=m_tm)
+            tl.store(dG + p_m, b_do * b_o - b_s * b_ds, mask=m_tm)
+        dA = tl.where(causal, dA, 0.) * scale
+        b_dq += tl.dot(dA, b_k.to(tl.float32))
+        b_dk += tl.dot(tl.trans(dA), b_q.to(tl.float32))
+        tl.store(dq + tok[:, None] * K + o_k[None, :], b_dq, mask=m_tk)
+        tl.store(dk + tok[:, None] * K + o_k[None, :], b_dk, mask=m_tk)
 
 
 @triton.jit
@@ -222,12 +245,13 @@ def _fwd(q, k, s, g, scale, output_final_state):
     NM = triton.cdiv(M, BM)
     f32 = torch.float32
     gc = torch.empty(B, T, H, M, device=q.device, dtype=f32)
-    h = torch.empty(B * NT, H, M, K, device=q.device, dtype=f32)
+    h = torch.empty(B * NT, H, M, K, device=q.device, dtype=q.dtype)  # only ever read as matmul operands
     ht = torch.empty(B if output_final_state else 0, H, M, K, device=q.device, dtype=f32)
     o = torch.empty(B, T, H, M, device=q.device, dtype=f32)
     _fwd_states[(NM, B * H)](k, s, g, gc, h, ht, T, H, M, NT, K=K, STORE_HT=output_final_state, C=C, BM=BM,
-                             BK=BK, num_warps=4)
-    _fwd_o[(B * NT * NM, H)](q, k, s, gc, h, o, scale, T, H, M, NT, K=K, C=C, BM=BM, BK=BK, NM=NM, num_warps=4)
+                             BK=BK, num_warps=warps("fwd_states", BK))
+    _fwd_o[(B * triton.cdiv(NT, CPP["fwd_o"]) * NM, H)](q, k, s, gc, h, o, scale, T, H, M, NT, K=K, C=C, BM=BM,
+                                                        BK=BK, NM=NM, CPP=CPP["fwd_o"], num_warps=warps("fwd_o", BK))
     return o, ht, gc, h
 
 
@@ -243,11 +267,12 @@ def _bwd(q, k, s, gc, h, o, do, scale):
     ds = torch.empty(B, T, H, M, device=q.device, dtype=f32)
     dG = torch.empty_like(ds)
     _bwd_states[(triton.cdiv(M, BM), B * H)](q, do, gc, dh, scale, T, H, M, NT, K=K, C=C, BM=BM, BK=BK,
-                                             num_warps=4)
-    _bwd_chunk[(B * NT, H)](q, k, s, gc, h, dh, do, o, dq, dk, ds, dG, scale, T, H, M, NT, K=K, C=C, BM=BM,
-                            BK=BK, num_warps=4)
+                                             num_warps=warps("bwd_states", BK))
+    _bwd_chunk[(B * triton.cdiv(NT, CPP["bwd_chunk"]), H)](q, k, s, gc, h, dh, do, o, dq, dk, ds, dG, scale, T, H,
+                                                           M, NT, K=K, C=C, BM=BM, BK=BK, CPP=CPP["bwd_chunk"],
+                                                           num_warps=warps("bwd_chunk", BK))
     # a step's gate scales every later score of its slot: dg is the reverse cumulative sum of dG
-    _rev_cumsum[(triton.cdiv(M, BM), B * H)](dG, T, H, M, NT, C=C, BM=BM, num_warps=4)
+    _rev_cumsum[(triton.cdiv(M, BM), B * H)](dG, T, H, M, NT, C=C, BM=BM, num_warps=warps("rev_cumsum", BK))
     return dq.to(q.dtype), dk.to(k.dtype), ds.to(s.dtype), dG
 
 
@@ -266,7 +291,7 @@ def _op_fwd_fake(q, k, s, g, scale, output_final_state):
     B, T, H, K = q.shape
     M, f32 = s.shape[-1], torch.float32
     return (s.new_empty(B, T, H, M, dtype=f32), q.new_empty(B if output_final_state else 0, H, M, K, dtype=f32),
-            s.new_empty(B, T, H, M, dtype=f32), q.new_empty(B * triton.cdiv(T, C), H, M, K, dtype=f32))
+            s.new_empty(B, T, H, M, dtype=f32), q.new_empty(B * triton.cdiv(T, C), H, M, K))
 
 
 @torch.library.custom_op("sandbox::slot_scores_bwd", mutates_args=())
