@@ -101,7 +101,7 @@ def main() -> int:
     chunks = [int(v) for v in args.chunks.split(",") if v]
     res["settings"], best = [], {}
     default_chunks = dict(ss.CPP)
-    for kernel, half in KERNELS.items():
+    for kernel, half in (KERNELS if warps or chunks else {}).items():
         tried = [(w, c) for w in warps or [ss.warps(kernel, bk)]
                  for c in (chunks or [ss.CPP[kernel]] if kernel in ss.CPP else [None])]
         for w, c in tried:

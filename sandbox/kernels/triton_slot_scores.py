@@ -50,19 +50,17 @@ def _last_row(x, C: tl.constexpr):
 
 
 @triton.jit
-def _mid_row(x, C: tl.constexpr):
-    return tl.sum(tl.where(tl.arange(0, C)[:, None] == C // 2 - 1, x, 0.), axis=0)
-
-
-@triton.jit
-def _load_gc(gc, p_m, m_tm, m_t, C: tl.constexpr):
-    """gc of a chunk [C, BM], its rows past the sequence's end held at its last step (no decay there), as
-    the forward's running sum has them: the last row is then the chunk's total and the middle row a
-    reference within reach of every row."""
-    b = tl.load(gc + p_m, mask=m_tm, other=0.)
-    n = tl.sum(m_t.to(tl.int32), axis=0)
-    last = tl.sum(tl.where(tl.arange(0, C)[:, None] == n - 1, b, 0.), axis=0)
-    return tl.where(m_t[:, None], b, last[None, :])
+def _load_gc(gc, i_b, c, i_h, T, H, M, p_m, m_tm, m_t, o_m, m_m, C: tl.constexpr):
+    """gc of chunk c [C, BM], its rows past the sequence's end held at its last step (no decay there), as the
+    forward's running sum has them, with its middle row (the intra-chunk reference, within reach of every row)
+    and its last row (the chunk's total) [BM]. The two rows are loaded again (from the cache) rather than picked
+    out of the tile: a pick is a reduction across the tile's rows, through shared memory."""
+    row = i_b * T + tl.minimum(c * C + C - 1, T - 1)
+    last = tl.load(gc + (row.to(tl.int64) * H + i_h) * M + o_m, mask=m_m, other=0.)
+    row = i_b * T + tl.minimum(c * C + C // 2 - 1, T - 1)
+    mid = tl.load(gc + (row.to(tl.int64) * H + i_h) * M + o_m, mask=m_m, other=0.)
+    b = tl.where(m_t[:, None], tl.load(gc + p_m, mask=m_tm, other=0.), last[None, :])
+    return b, mid, last
 
 
 @triton.jit
@@ -126,9 +124,9 @@ def _fwd_o(q, k, s, gc, h, o, scale, T, H, M, NT, K: tl.constexpr, C: tl.constex
         b_k = tl.load(k + tok[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
         A = tl.dot(b_q, tl.trans(b_k)) * scale
         A = tl.where(o_t[:, None] >= o_t[None, :], A, 0.)
-        b_gc = _load_gc(gc, p_m, m_tm, m_t, C)
+        b_gc, mid, _ = _load_gc(gc, i_b, c, i_h, T, H, M, p_m, m_tm, m_t, o_m, m_m, C)
+        mid = mid[None, :]
         b_s = tl.load(s + p_m, mask=m_tm, other=0.).to(tl.float32)
-        mid = _mid_row(b_gc, C)[None, :]
         ch = ((i_b * NT + tl.minimum(c, NT - 1)) * H + i_h).to(tl.int64)   # c >= NT: every row masked
         b_h = tl.load(h + (ch * M + o_m[:, None]) * K + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.)
         intra = tl.exp(b_gc - mid) * tl.dot(A, tl.exp(mid - b_gc) * b_s)
@@ -152,10 +150,9 @@ def _bwd_states(q, do, gc, dh, scale, T, H, M, NT, K: tl.constexpr, C: tl.conste
         m_tm = m_t[:, None] & m_m[None, :]
         ch = ((i_b * NT + c) * H + i_h).to(tl.int64)
         tl.store(dh + (ch * M + o_m[:, None]) * K + o_k[None, :], dS.to(dh.dtype.element_ty), mask=m_h)
-        b_gc = _load_gc(gc, p_m, m_tm, m_t, C)
+        b_gc, _, gl = _load_gc(gc, i_b, c, i_h, T, H, M, p_m, m_tm, m_t, o_m, m_m, C)
         b_do = tl.load(do + p_m, mask=m_tm, other=0.).to(tl.float32)
         b_q = tl.load(q + tok[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
-        gl = _last_row(b_gc, C)
         dS = dS * tl.exp(gl)[:, None] + tl.dot(tl.trans((tl.exp(b_gc) * b_do).to(b_q.dtype)), b_q) * scale
 
 
@@ -188,14 +185,13 @@ def _bwd_chunk(q, k, s, gc, h, dh, do, o, dq, dk, ds, dG, scale, T, H, M, NT, K:
             m_tm = m_t[:, None] & m_m[None, :]
             p_h = (ch * M + o_m[:, None]) * K + o_k[None, :]
             m_h = m_m[:, None] & m_k[None, :]
-            b_gc = _load_gc(gc, p_m, m_tm, m_t, C)
+            b_gc, mid, gl = _load_gc(gc, i_b, c, i_h, T, H, M, p_m, m_tm, m_t, o_m, m_m, C)
+            mid, gl = mid[None, :], gl[None, :]
             b_s = tl.load(s + p_m, mask=m_tm, other=0.).to(tl.float32)
             b_do = tl.load(do + p_m, mask=m_tm, other=0.).to(tl.float32)
             b_o = tl.load(o + p_m, mask=m_tm, other=0.)
             b_h = tl.load(h + p_h, mask=m_h, other=0.).to(dt)
             b_dh = tl.load(dh + p_h, mask=m_h, other=0.).to(dt)
-            mid = _mid_row(b_gc, C)[None, :]
-            gl = _last_row(b_gc, C)[None, :]
             dm = tl.exp(b_gc - mid) * b_do                   # do relative to the chunk's middle
             sm = tl.exp(mid - b_gc) * b_s                    # s relative to the chunk's middle
             dA += tl.dot(dm, tl.trans(sm))
