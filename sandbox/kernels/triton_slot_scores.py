@@ -204,8 +204,8 @@ def _bwd_chunk(q, k, s, gc, h, dh, do, o, dq, dk, ds, dG, scale, T, H, M, NT, K:
         dA = tl.where(causal, dA, 0.) * scale
         b_dq += tl.dot(dA, b_k.to(tl.float32))
         b_dk += tl.dot(tl.trans(dA), b_q.to(tl.float32))
-        tl.store(dq + tok[:, None] * K + o_k[None, :], b_dq, mask=m_tk)
-        tl.store(dk + tok[:, None] * K + o_k[None, :], b_dk, mask=m_tk)
+        tl.store(dq + tok[:, None] * K + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_tk)
+        tl.store(dk + tok[:, None] * K + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_tk)
 
 
 @triton.jit
@@ -258,8 +258,8 @@ def _bwd(q, k, s, gc, h, o, do, scale):
     BM, BK = _tiles(M, K)
     f32 = torch.float32
     dh = torch.empty_like(h)
-    dq = torch.empty(B, T, H, K, device=q.device, dtype=f32)
-    dk = torch.empty_like(dq)
+    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)   # in q's dtype: rounded once, in the kernel
+    dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
     ds = torch.empty(B, T, H, M, device=q.device, dtype=f32)
     dG = torch.empty_like(ds)
     _bwd_states[(triton.cdiv(M, BM), B * H)](q, do, gc, dh, scale, T, H, M, NT, K=K, C=C, BM=BM, BK=BK,
@@ -269,7 +269,7 @@ def _bwd(q, k, s, gc, h, o, do, scale):
                                                            num_warps=warps("bwd_chunk", BK))
     # a step's gate scales every later score of its slot: dg is the reverse cumulative sum of dG
     _rev_cumsum[(triton.cdiv(M, BM), B * H)](dG, T, H, M, NT, C=C, BM=BM, num_warps=warps("rev_cumsum", BK))
-    return dq.to(q.dtype), dk.to(k.dtype), ds.to(s.dtype), dG
+    return dq, dk, ds.to(s.dtype), dG
 
 
 # ----------------------------------------------------------------------------- torch custom ops
