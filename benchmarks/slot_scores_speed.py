@@ -26,8 +26,7 @@ import triton
 import sandbox.kernels.triton_slot_scores as ss
 
 BW = 4.8e12
-KERNELS = {"fwd_states": "fwd_ms", "fwd_o": "fwd_ms", "bwd_states": "bwd_ms", "bwd_chunk": "bwd_ms",
-           "rev_cumsum": "bwd_ms"}    # each kernel and the half it is timed in
+KERNELS = {"fwd_states": "fwd_ms", "fwd_o": "fwd_ms", "bwd_walk": "bwd_ms"}    # each kernel and the half it is timed in
 
 
 def _load_ref(root: str):

@@ -12,10 +12,11 @@ of the log-gate at -8 keep every exponential finite): with gc the chunk-local cu
     o     = exp(gc - gc_mid) * (A @ (exp(gc_mid - gc) * s)) + scale * exp(gc) * (q @ h_c^T)
     h_c+1 = exp(gl)[:, None] * h_c + (exp(gl - gc) * s)^T @ k
 Forward: ``_fwd_states`` (sequential over chunks, stores gc and every chunk-start state h_c, in q's dtype:
-the later kernels only read h_c, and the state gradients dh_c, as matrix-product operands in that dtype) and
-``_fwd_o`` (parallel over chunks). Backward: ``_bwd_states`` (the same pass in reverse: the gradient
-of every chunk-end state) and ``_bwd_chunk`` (parallel over chunks: dq, dk, ds and the gate's
-per-step term do * o - s * ds, whose reverse cumulative sum over the sequence, ``_rev_cumsum``, is dg).
+the kernels after it only read h_c as a matrix-product operand in that dtype) and ``_fwd_o`` (parallel over
+chunks). Backward: ``_bwd_walk``, one sequential pass from the last chunk that carries the state's gradient
+and computes each chunk's dq, dk, ds and dg (the reverse cumulative sum of the gate's per-step term
+do * o - s * ds) on the way. It replaced three kernels (the state gradients stored for a parallel pass over the
+chunks, then the reverse sum over the sequence as a third), which moved about twice the bytes.
 The final state is returned without a gradient (the model only reads it for inspection).
 """
 from __future__ import annotations
@@ -31,11 +32,11 @@ C = 16  # chunk length (slot_scores.CHUNK)
 # Warps per launch by the key tile's width BK (the state tile is 64 slots x BK), the fastest of 1-8 for each kernel
 # on the H200 at d_k 32, 64 and 128 (`benchmarks/slot_scores_speed.py`, results/throughput/slot_scores_tiles_*.json);
 # other widths take the nearest row. WARPS overrides a kernel's entry (for that benchmark).
-WARPS_BY_BK = {32: {"fwd_states": 2, "fwd_o": 1, "bwd_states": 2, "bwd_chunk": 2, "rev_cumsum": 1},
-               64: {"fwd_states": 2, "fwd_o": 1, "bwd_states": 2, "bwd_chunk": 4, "rev_cumsum": 1},
-               128: {"fwd_states": 4, "fwd_o": 2, "bwd_states": 4, "bwd_chunk": 4, "rev_cumsum": 1}}
+WARPS_BY_BK = {32: {"fwd_states": 2, "fwd_o": 1, "bwd_walk": 4},
+               64: {"fwd_states": 2, "fwd_o": 1, "bwd_walk": 4},
+               128: {"fwd_states": 4, "fwd_o": 2, "bwd_walk": 8}}
 WARPS: dict[str, int] = {}
-CPP = {"fwd_o": 4, "bwd_chunk": 4}   # chunks per program of the kernels parallel over chunks
+CPP = {"fwd_o": 4}   # chunks per program of the kernel parallel over chunks
 
 
 def warps(kernel: str, BK: int) -> int:
@@ -135,96 +136,60 @@ def _fwd_o(q, k, s, gc, h, o, scale, T, H, M, NT, K: tl.constexpr, C: tl.constex
 
 
 @triton.jit
-def _bwd_states(q, do, gc, dh, scale, T, H, M, NT, K: tl.constexpr, C: tl.constexpr, BM: tl.constexpr,
-                BK: tl.constexpr):
-    """dh[c] = the gradient of the state at the end of chunk c (the start of chunk c + 1)."""
-    i_m, i_bh = tl.program_id(0), tl.program_id(1)
+def _bwd_walk(q, k, s, gc, h, o, do, dq, dk, ds, dg, scale, T, H, M, NT, K: tl.constexpr, C: tl.constexpr,
+              BM: tl.constexpr, BK: tl.constexpr, NM: tl.constexpr):
+    """One program per (sequence, head) walks the chunks from the last, each slot tile in turn, holding the
+    gradient dS of the state at the current chunk's end [BM, BK] and the running sum of the later steps' gate
+    terms. Per chunk: dq, dk, ds and dg (the reverse cumulative sum of do * o - s * ds), then dS moves to the
+    chunk's start. The slot tiles' shares of dq and dk add up in dq and dk (only this program touches them)."""
+    i_bh = tl.program_id(0)
     i_b, i_h = i_bh // H, i_bh % H
-    o_m, o_k, m_m, m_k = _tile(i_m, M, K, BM, BK)
-    m_h = m_m[:, None] & m_k[None, :]
-    dS = tl.zeros([BM, BK], dtype=tl.float32)
-    for i in range(0, NT):
-        c = NT - 1 - i
-        m_t, tok = _rows(i_b, c, i_h, T, H, C)
-        p_m = tok[:, None] * M + o_m[None, :]
-        m_tm = m_t[:, None] & m_m[None, :]
-        ch = ((i_b * NT + c) * H + i_h).to(tl.int64)
-        tl.store(dh + (ch * M + o_m[:, None]) * K + o_k[None, :], dS.to(dh.dtype.element_ty), mask=m_h)
-        b_gc, _, gl = _load_gc(gc, i_b, c, i_h, T, H, M, p_m, m_tm, m_t, o_m, m_m, C)
-        b_do = tl.load(do + p_m, mask=m_tm, other=0.).to(tl.float32)
-        b_q = tl.load(q + tok[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
-        dS = dS * tl.exp(gl)[:, None] + tl.dot(tl.trans((tl.exp(b_gc) * b_do).to(b_q.dtype)), b_q) * scale
-
-
-@triton.jit
-def _bwd_chunk(q, k, s, gc, h, dh, do, o, dq, dk, ds, dG, scale, T, H, M, NT, K: tl.constexpr,
-               C: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, CPP: tl.constexpr):
-    """CPP consecutive chunks per program, one after another."""
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
-    NP = tl.cdiv(NT, CPP)
-    i_b = i_c // NP
-    o_k = tl.arange(0, BK)
     o_t = tl.arange(0, C)
-    m_k = o_k < K
-    for j in range(CPP):
-        c = (i_c % NP) * CPP + j
-        m_t, tok = _rows(i_b, c, i_h, T, H, C)
-        m_tk = m_t[:, None] & m_k[None, :]
-        b_q = tl.load(q + tok[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
-        b_k = tl.load(k + tok[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
-        dt = b_q.dtype
-        causal = o_t[:, None] >= o_t[None, :]
-        A = tl.where(causal, tl.dot(b_q, tl.trans(b_k)) * scale, 0.)
-        ch = ((i_b * NT + tl.minimum(c, NT - 1)) * H + i_h).to(tl.int64)   # c >= NT: every row masked
-        b_dq = tl.zeros([C, BK], dtype=tl.float32)
-        b_dk = tl.zeros([C, BK], dtype=tl.float32)
-        dA = tl.zeros([C, C], dtype=tl.float32)
-        for i_m in range(0, tl.cdiv(M, BM)):
-            o_m, _, m_m, _ = _tile(i_m, M, K, BM, BK)
-            p_m = tok[:, None] * M + o_m[None, :]
+    causal = o_t[:, None] >= o_t[None, :]
+    for i_m in tl.static_range(NM):
+        o_m, o_k, m_m, m_k = _tile(i_m, M, K, BM, BK)
+        m_h = m_m[:, None] & m_k[None, :]
+        dS = tl.zeros([BM, BK], dtype=tl.float32)
+        later = tl.zeros([BM], dtype=tl.float32)          # sum of the gate terms of every later chunk
+        for i in range(0, NT):
+            c = NT - 1 - i
+            m_t, tok = _rows(i_b, c, i_h, T, H, C)
+            m_tk = m_t[:, None] & m_k[None, :]
             m_tm = m_t[:, None] & m_m[None, :]
-            p_h = (ch * M + o_m[:, None]) * K + o_k[None, :]
-            m_h = m_m[:, None] & m_k[None, :]
-            b_gc, mid, gl = _load_gc(gc, i_b, c, i_h, T, H, M, p_m, m_tm, m_t, o_m, m_m, C)
-            mid, gl = mid[None, :], gl[None, :]
+            p_k = tok[:, None] * K + o_k[None, :]
+            p_m = tok[:, None] * M + o_m[None, :]
+            b_q = tl.load(q + p_k, mask=m_tk, other=0.)
+            b_k = tl.load(k + p_k, mask=m_tk, other=0.)
+            dt = b_q.dtype
+            A = tl.where(causal, tl.dot(b_q, tl.trans(b_k)) * scale, 0.)
+            b_gc, mid, last = _load_gc(gc, i_b, c, i_h, T, H, M, p_m, m_tm, m_t, o_m, m_m, C)
+            mid, gl = mid[None, :], last[None, :]
             b_s = tl.load(s + p_m, mask=m_tm, other=0.).to(tl.float32)
             b_do = tl.load(do + p_m, mask=m_tm, other=0.).to(tl.float32)
             b_o = tl.load(o + p_m, mask=m_tm, other=0.)
-            b_h = tl.load(h + p_h, mask=m_h, other=0.).to(dt)
-            b_dh = tl.load(dh + p_h, mask=m_h, other=0.).to(dt)
+            ch = ((i_b * NT + c) * H + i_h).to(tl.int64)
+            b_h = tl.load(h + (ch * M + o_m[:, None]) * K + o_k[None, :], mask=m_h, other=0.).to(dt)
+            b_dh = dS.to(dt)                                 # the chunk-end state's gradient, as an operand
             dm = tl.exp(b_gc - mid) * b_do                   # do relative to the chunk's middle
             sm = tl.exp(mid - b_gc) * b_s                    # s relative to the chunk's middle
-            dA += tl.dot(dm, tl.trans(sm))
-            b_dq += tl.dot((tl.exp(b_gc) * b_do).to(dt), b_h) * scale
+            dA = tl.where(causal, tl.dot(dm, tl.trans(sm)), 0.) * scale
+            qdo = (tl.exp(b_gc) * b_do).to(dt)
             decay = tl.exp(gl - b_gc)                        # from each step to the chunk's end
-            b_dk += tl.dot((decay * b_s).to(dt), b_dh)
+            b_dq = tl.dot(qdo, b_h) * scale + tl.dot(dA, b_k.to(tl.float32))
+            b_dk = tl.dot((decay * b_s).to(dt), b_dh) + tl.dot(tl.trans(dA), b_q.to(tl.float32))
             b_ds = tl.exp(mid - b_gc) * tl.dot(tl.trans(A), dm) + decay * tl.dot(b_k, tl.trans(b_dh))
             tl.store(ds + p_m, b_ds, mask=m_tm)
-            tl.store(dG + p_m, b_do * b_o - b_s * b_ds, mask=m_tm)
-        dA = tl.where(causal, dA, 0.) * scale
-        b_dq += tl.dot(dA, b_k.to(tl.float32))
-        b_dk += tl.dot(tl.trans(dA), b_q.to(tl.float32))
-        tl.store(dq + tok[:, None] * K + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_tk)
-        tl.store(dk + tok[:, None] * K + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_tk)
-
-
-@triton.jit
-def _rev_cumsum(x, T, H, M, NT, C: tl.constexpr, BM: tl.constexpr):
-    """In place, x [B, T, H, M] fp32: x_t <- sum of x_u for u >= t within its sequence, chunk by chunk from
-    the end (one read and one write; torch's flip, scan along T and flip took 0.40 ms of GSA's step)."""
-    i_m, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_m = i_m * BM + tl.arange(0, BM)
-    m_m = o_m < M
-    carry = tl.zeros([BM], dtype=tl.float32)
-    for j in range(NT):
-        m_t, row = _rows(i_b, NT - 1 - j, i_h, T, H, C)
-        p = x + row[:, None] * M + o_m[None, :]
-        mask = m_t[:, None] & m_m[None, :]
-        b = tl.load(p, mask=mask, other=0.)
-        total = tl.sum(b, axis=0)
-        tl.store(p, total[None, :] - tl.cumsum(b, axis=0) + b + carry[None, :], mask=mask)
-        carry += total
+            # a step's gate scales every later score of its slot: dg is the reverse cumulative sum of this
+            b_dG = tl.where(m_tm, b_do * b_o - b_s * b_ds, 0.)
+            total = tl.sum(b_dG, axis=0)
+            tl.store(dg + p_m, total[None, :] - tl.cumsum(b_dG, axis=0) + b_dG + later[None, :], mask=m_tm)
+            later += total
+            if i_m > 0:                                      # the earlier slot tiles' shares
+                b_dq += tl.load(dq + p_k, mask=m_tk, other=0.).to(tl.float32)
+                b_dk += tl.load(dk + p_k, mask=m_tk, other=0.).to(tl.float32)
+            tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+            tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+            dS = dS * tl.exp(last)[:, None] + tl.dot(tl.trans(qdo), b_q) * scale
 
 
 def _tiles(M: int, K: int) -> tuple[int, int]:
@@ -254,22 +219,17 @@ def _fwd(q, k, s, g, scale, output_final_state):
 def _bwd(q, k, s, gc, h, o, do, scale):
     B, T, H, K = q.shape
     M = s.shape[-1]
-    NT = triton.cdiv(T, C)
     BM, BK = _tiles(M, K)
-    f32 = torch.float32
-    dh = torch.empty_like(h)
-    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)   # in q's dtype: rounded once, in the kernel
-    dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
-    ds = torch.empty(B, T, H, M, device=q.device, dtype=f32)
-    dG = torch.empty_like(ds)
-    _bwd_states[(triton.cdiv(M, BM), B * H)](q, do, gc, dh, scale, T, H, M, NT, K=K, C=C, BM=BM, BK=BK,
-                                             num_warps=warps("bwd_states", BK))
-    _bwd_chunk[(B * triton.cdiv(NT, CPP["bwd_chunk"]), H)](q, k, s, gc, h, dh, do, o, dq, dk, ds, dG, scale, T, H,
-                                                           M, NT, K=K, C=C, BM=BM, BK=BK, CPP=CPP["bwd_chunk"],
-                                                           num_warps=warps("bwd_chunk", BK))
-    # a step's gate scales every later score of its slot: dg is the reverse cumulative sum of dG
-    _rev_cumsum[(triton.cdiv(M, BM), B * H)](dG, T, H, M, NT, C=C, BM=BM, num_warps=warps("rev_cumsum", BK))
-    return dq, dk, ds.to(s.dtype), dG
+    NM = triton.cdiv(M, BM)
+    # several slot tiles add their shares of dq and dk: in float32 then, rounded once after
+    acc = q.dtype if NM == 1 else torch.float32
+    dq = torch.empty(q.shape, device=q.device, dtype=acc)
+    dk = torch.empty(k.shape, device=k.device, dtype=acc)
+    ds = torch.empty(B, T, H, M, device=q.device, dtype=torch.float32)
+    dg = torch.empty_like(ds)
+    _bwd_walk[(B * H,)](q, k, s, gc, h, o, do, dq, dk, ds, dg, scale, T, H, M, triton.cdiv(T, C), K=K, C=C,
+                        BM=BM, BK=BK, NM=NM, num_warps=warps("bwd_walk", BK))
+    return dq.to(q.dtype), dk.to(k.dtype), ds.to(s.dtype), dg
 
 
 # ----------------------------------------------------------------------------- torch custom ops
