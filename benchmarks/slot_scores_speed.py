@@ -1,17 +1,16 @@
 """GSA's slot-score kernels (``triton_slot_scores.py``) timed at a stack of 9 Figure 8 GSA runs, beside another
 commit's and with each kernel's warp count varied.
 
-    python benchmarks/slot_scores_speed.py [--batch 2304] [--dk 64] [--ref .ref/COMMIT] [--warps 1,2,4]
-                                           [--chunks 1,2,4] [--out FILE.json]
+    python benchmarks/slot_scores_speed.py [--batch 2304] [--dk 64] [--ref .ref/COMMIT] [--warps 2,4,8]
+                                           [--out FILE.json]
 
-Inputs as GSA makes them under autocast: q and k bf16 [B, T, H, d_k], slot writes s and log-gates g fp32
-[B, T, H, m], 16 of the m slots chosen per step (the others neither write nor decay). The forward (``_fwd``)
-and backward (``_bwd``) are timed separately with triton's do_bench (median ms). Against ``--ref`` the outputs
-and gradients are compared (largest absolute difference over the largest value) and the same calls timed.
-``--warps``/``--chunks``: each kernel's launch again at these warp counts (and chunks per program), the others
-at their defaults, then every kernel at its fastest setting together (``WARPS_BY_BK`` and ``CPP`` in the kernel
-module hold the chosen values). The floor is the bytes each half must read and write once (its inputs, outputs
-and saved tensors) at 4.8 TB/s. Needs a GPU.
+Inputs as GSA makes them under autocast: q and k bf16 [B, T, H, d_k], slot writes s and log-gates g fp32 [B, T,
+H, m], 16 of the m slots chosen per step (the others neither write nor decay). The forward (``_fwd``) and
+backward (``_bwd``) are timed separately with triton's do_bench (median ms). Against ``--ref`` the outputs and
+gradients are compared (largest absolute difference over the largest value) and the same calls timed.
+``--warps``: each kernel's launch again at these warp counts, the others at their defaults, then every kernel at
+its fastest together (``WARPS_BY_BK`` in the kernel module holds the chosen values). The floor is the bytes each
+half must read and write once (its inputs, outputs and saved tensors) at 4.8 TB/s. Needs a GPU.
 """
 from __future__ import annotations
 
@@ -66,7 +65,6 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ref", default=None, help="another checkout (e.g. .ref/5aa7edf) whose kernels to time beside")
     ap.add_argument("--warps", default="", help="comma-separated warp counts to try for each kernel, e.g. 1,2,4")
-    ap.add_argument("--chunks", default="", help="chunks per program to try where a kernel has that setting")
     ap.add_argument("--batch", type=int, default=9 * 256, help="sequences (replicas x batch); default 2304")
     ap.add_argument("--dk", type=int, default=64, help="query/key width per head (d_model / 2 heads); default 64")
     ap.add_argument("--out", default=None, help="write the numbers to this JSON file")
@@ -84,8 +82,8 @@ def main() -> int:
            "floor_ms": {"fwd": fwd_bytes / BW * 1e3, "bwd": bwd_bytes / BW * 1e3}}
     outs, fwd, bwd = _run(ss, x, scale)
     bk = max(16, triton.next_power_of_2(dk))
-    res["this"] = {"fwd_ms": _time(fwd), "bwd_ms": _time(bwd), "warps": {n: ss.warps(n, bk) for n in KERNELS},
-                   "chunks": dict(ss.CPP)}
+    row = ss.warps_row(bk)                         # the launch settings in use: varied in place below
+    res["this"] = {"fwd_ms": _time(fwd), "bwd_ms": _time(bwd), "warps": dict(row)}
     print("this", res["this"], "floor", res["floor_ms"], flush=True)
     if args.ref:
         ref = _load_ref(args.ref)
@@ -95,38 +93,29 @@ def main() -> int:
                           for n, a, b in zip(names, outs, ref_outs)}
         res["ref"] = {"fwd_ms": _time(rfwd), "bwd_ms": _time(rbwd)}
         print("ref", res["ref"], "gap", res["ref_gap"], flush=True)
-    # each kernel alone at every setting tried (the others at their defaults), then all at their best together
+    # each kernel alone at every warp count tried (the others at their defaults), then all at their best together
     warps = [int(v) for v in args.warps.split(",") if v]
-    chunks = [int(v) for v in args.chunks.split(",") if v]
-    res["settings"], best = [], {}
-    default_chunks = dict(ss.CPP)
-    for kernel, half in (KERNELS if warps or chunks else {}).items():
-        tried = [(w, c) for w in warps or [ss.warps(kernel, bk)]
-                 for c in (chunks or [ss.CPP[kernel]] if kernel in ss.CPP else [None])]
-        for w, c in tried:
-            ss.WARPS[kernel] = w
-            if c is not None:
-                ss.CPP[kernel] = c
+    res["settings"], best, defaults = [], {}, dict(row)
+    for kernel, half in (KERNELS if warps else {}).items():
+        for w in warps:
+            row[kernel] = w
             try:
                 _, fwd, bwd = _run(ss, x, scale)
-                row = {"kernel": kernel, "warps": w, "chunks": c, "fwd_ms": _time(fwd), "bwd_ms": _time(bwd)}
-                if kernel not in best or row[half] < best[kernel][half]:
-                    best[kernel] = row
+                r = {"kernel": kernel, "warps": w, "fwd_ms": _time(fwd), "bwd_ms": _time(bwd)}
+                if kernel not in best or r[half] < best[kernel][half]:
+                    best[kernel] = r
             except Exception as e:  # e.g. out of shared memory or registers at this tile
-                row = {"kernel": kernel, "warps": w, "chunks": c, "error": f"{type(e).__name__}: {str(e)[:200]}"}
-            ss.WARPS.clear(), ss.CPP.update(default_chunks)
-            res["settings"].append(row)
-            print(row, flush=True)
+                r = {"kernel": kernel, "warps": w, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+            row.update(defaults)
+            res["settings"].append(r)
+            print(r, flush=True)
     if best:
-        for kernel, row in best.items():
-            ss.WARPS[kernel] = row["warps"]
-            if row["chunks"] is not None:
-                ss.CPP[kernel] = row["chunks"]
+        row.update({kernel: r["warps"] for kernel, r in best.items()})
         outs_b, fwd, bwd = _run(ss, x, scale)
         gap = max(float((a.float() - b.float()).abs().max()) for a, b in zip(outs_b, outs))
-        res["best"] = {"warps": {n: ss.warps(n, bk) for n in KERNELS}, "chunks": dict(ss.CPP),
-                       "fwd_ms": _time(fwd), "bwd_ms": _time(bwd),
+        res["best"] = {"warps": dict(row), "fwd_ms": _time(fwd), "bwd_ms": _time(bwd),
                        "largest_difference_from_defaults": gap}
+        row.update(defaults)
         print("best", res["best"], flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1))

@@ -31,19 +31,15 @@ from sandbox.kernels.triton_chunk_common import fold_replicas
 C = 16  # chunk length (slot_scores.CHUNK)
 # Warps per launch by the key tile's width BK (the state tile is 64 slots x BK), the fastest of 1-8 for each kernel
 # on the H200 at d_k 32, 64 and 128 (`benchmarks/slot_scores_speed.py`; results/throughput/slot_scores_tiles_*.json
-# for the forward, slot_scores_walk_*.json for the backward); other widths take the nearest row. WARPS overrides a
-# kernel's entry (for that benchmark).
+# for the forward, slot_scores_walk_*.json for the backward); other widths take the nearest row.
 WARPS_BY_BK = {32: {"fwd_states": 2, "fwd_o": 1, "bwd_walk": 4},
                64: {"fwd_states": 2, "fwd_o": 1, "bwd_walk": 4},
                128: {"fwd_states": 4, "fwd_o": 2, "bwd_walk": 8}}
-WARPS: dict[str, int] = {}
-CPP = {"fwd_o": 4}   # chunks per program of the kernel parallel over chunks
+FWD_O_CHUNKS = 4   # chunks per program of ``_fwd_o`` (measured against 1 and 2 in the same files)
 
 
-def warps(kernel: str, BK: int) -> int:
-    if kernel in WARPS:
-        return WARPS[kernel]
-    return WARPS_BY_BK[min(WARPS_BY_BK, key=lambda w: abs(w.bit_length() - BK.bit_length()))][kernel]
+def warps_row(BK: int) -> dict[str, int]:
+    return WARPS_BY_BK[min(WARPS_BY_BK, key=lambda w: abs(w.bit_length() - BK.bit_length()))]
 
 
 @triton.jit
@@ -210,10 +206,11 @@ def _fwd(q, k, s, g, scale, output_final_state):
     h = torch.empty(B * NT, H, M, K, device=q.device, dtype=q.dtype)  # only ever read as matmul operands
     ht = torch.empty(B if output_final_state else 0, H, M, K, device=q.device, dtype=f32)
     o = torch.empty(B, T, H, M, device=q.device, dtype=f32)
+    w = warps_row(BK)
     _fwd_states[(NM, B * H)](k, s, g, gc, h, ht, T, H, M, NT, K=K, STORE_HT=output_final_state, C=C, BM=BM,
-                             BK=BK, num_warps=warps("fwd_states", BK))
-    _fwd_o[(B * triton.cdiv(NT, CPP["fwd_o"]) * NM, H)](q, k, s, gc, h, o, scale, T, H, M, NT, K=K, C=C, BM=BM,
-                                                        BK=BK, NM=NM, CPP=CPP["fwd_o"], num_warps=warps("fwd_o", BK))
+                             BK=BK, num_warps=w["fwd_states"])
+    _fwd_o[(B * triton.cdiv(NT, FWD_O_CHUNKS) * NM, H)](q, k, s, gc, h, o, scale, T, H, M, NT, K=K, C=C, BM=BM,
+                                                        BK=BK, NM=NM, CPP=FWD_O_CHUNKS, num_warps=w["fwd_o"])
     return o, ht, gc, h
 
 
@@ -229,7 +226,7 @@ def _bwd(q, k, s, gc, h, o, do, scale):
     ds = torch.empty(B, T, H, M, device=q.device, dtype=torch.float32)
     dg = torch.empty_like(ds)
     _bwd_walk[(B * H,)](q, k, s, gc, h, o, do, dq, dk, ds, dg, scale, T, H, M, triton.cdiv(T, C), K=K, C=C,
-                        BM=BM, BK=BK, NM=NM, num_warps=warps("bwd_walk", BK))
+                        BM=BM, BK=BK, NM=NM, num_warps=warps_row(BK)["bwd_walk"])
     return dq.to(q.dtype), dk.to(k.dtype), ds.to(s.dtype), dg
 
 
