@@ -6,7 +6,13 @@ NaN or +-3e38, or an illegal address; ``_bwd_tiles`` now keeps BV <= BK.  Rerun 
 
     python benchmarks/gla_bwd_tiles.py                      # the matrix below, one line per case
     python benchmarks/gla_bwd_tiles.py 16 32 16 32 4 diag 8 320   # one case: K V BK BV WARPS GATE B T
-    (BK = BV = 0: the tiles _bwd_tiles picks; WARPS = 0: the launch's own; GATE none|scalar|diag|strong|vstrong)
+    (BK = BV = 0: the tiles _bwd_tiles picks; WARPS = 0: the launch's own; GATE none|scalar|diag|strong|vstrong|gsa)
+    python benchmarks/gla_bwd_tiles.py --time "64 64 0 0 0 gsa 2304 320" "64 64 32 32 4 gsa 2304 320" ...
+    (each case's backward timed instead of checked, median ms of triton's do_bench: the tiles' speed at a
+    stack's shape, where the float64 reference would not fit; check the same tiles at a small B first)
+
+Gate gsa is pass 2 of gated slot attention: queries are slot probabilities (a softmax over the K slots), keys
+the slot writes 1 - alpha and log-gates log(alpha) = logsigmoid(x) / 8.
 """
 import json
 import subprocess
@@ -22,7 +28,7 @@ MATRIX = [
 ]
 
 
-def one(argv):
+def one(argv, time=False):
     import torch
     import torch.nn.functional as F
 
@@ -48,11 +54,24 @@ def one(argv):
     k = torch.randn(B, T, H, K, generator=gen).softmax(-1)
     v = torch.randn(B, T, H, V, generator=gen)
     g = F.logsigmoid(torch.randn(B, T, H, K, generator=gen)) / 16
+    if gate == "gsa":
+        q = torch.randn(B, T, H, K, generator=gen).softmax(-1)
+        g = F.logsigmoid(torch.randn(B, T, H, K, generator=gen)) / 8
+        k = 1 - g.exp()
     if gate in ("strong", "vstrong"):  # chunks past exp(40) (mixed paths), or 16-row blocks past it (exact path)
         g = F.logsigmoid(torch.randn(B, T, H, K, generator=gen) * 2 - (1 if gate == "strong" else 4))
     g = None if gate == "none" else (g[..., 0] if gate == "scalar" else g)
     do = torch.randn(B, T, H, V, generator=gen).cuda()
     res = {"case": " ".join(argv), "tiles": tiles}
+    if time:
+        import triton
+        ins = [t.cuda().bfloat16().requires_grad_() for t in (q, k, v)]
+        ins += [g.cuda().requires_grad_()] if g is not None else []
+        o, _ = linear_recurrence(*ins[:3], g=ins[3] if g is not None else None, scale=1.0, impl="triton")
+        res["bwd_ms"] = triton.testing.do_bench(lambda: torch.autograd.grad(o, ins, do, retain_graph=True),
+                                                warmup=50, rep=300)
+        print(json.dumps(res), flush=True)
+        return
     for name, dO in (("rel_err", do), ("zero_dO_maxabs", torch.zeros_like(do))):
         ins = [t.cuda().bfloat16().requires_grad_() for t in (q, k, v)]
         ins += [g.cuda().requires_grad_()] if g is not None else []
@@ -76,10 +95,14 @@ def one(argv):
 
 
 def main():
-    if len(sys.argv) > 1:
+    if sys.argv[1:2] == ["--one-timed"]:
+        return one(sys.argv[2:], time=True)
+    time = sys.argv[1:2] == ["--time"]
+    if len(sys.argv) > 1 and not time:
         return one(sys.argv[1:])
-    for case in MATRIX:
-        p = subprocess.run([sys.executable, __file__, *case.split()], capture_output=True, text=True, timeout=300)
+    for case in sys.argv[2:] if time else MATRIX:
+        argv = ["--one-timed", *case.split()] if time else case.split()
+        p = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True, timeout=300)
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
         print(lines[-1] if lines else json.dumps({"case": case, "ok": False, "error": (p.stderr.strip().splitlines()
                                                                                       or ["?"])[-1][:200]}), flush=True)

@@ -154,6 +154,49 @@ def test_a_replay_on_a_new_batch_is_the_eager_step_from_the_same_state(model):
     assert gap <= 1e-6, f"replay vs eager step from the same state: {gap:.2e} (the step moved {moved:.2e})"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_step_captures_while_python_collects_an_earlier_steps_graph():
+    """A finished step is garbage in a reference cycle that holds its CUDA graph, and the collector may run
+    at any allocation; destroying a graph while another is captured invalidates that capture
+    (pytorch/pytorch#161037: a sweep worker's stack failed so, now and then). Here a collection is forced in
+    the middle of the next capture, from a forward hook."""
+    import gc
+    import weakref
+
+    from sandbox.train.step import Step
+    cfg = load_config(data=copy.deepcopy(BASE))
+    task, _ = build(cfg, torch.device("cuda"))
+    x, y = task.sample(16, index=0)
+
+    def new_step():
+        m = build(cfg, torch.device("cuda"))[1]
+        return Step([m], [cfg.train], per_row=getattr(task, "max_targets", None),
+                    autocast_dtype=torch.bfloat16, capture_after=1)
+
+    def collect_while_capturing(module, args, out):
+        if torch.cuda.is_current_stream_capturing():
+            gc.collect()
+
+    gc.disable()
+    hook = None
+    try:
+        old = new_step()
+        for _ in range(3):
+            old(x, y)
+        old_graph = weakref.ref(old.graph)
+        del old
+        assert old_graph() is not None, "the old step was freed at once: nothing left to collect"
+        hook = torch.nn.modules.module.register_module_forward_hook(collect_while_capturing)
+        step = new_step()
+        for _ in range(3):
+            step(x, y)
+    finally:
+        if hook is not None:
+            hook.remove()
+        gc.enable()
+    assert step.graph is not None and old_graph() is None
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Inductor lowers concatenations pointwise on a GPU only")
 def test_the_compiled_step_writes_concatenated_pieces_in_place_not_through_one_masked_kernel():
     """A concatenation of two pointwise results feeding a product (the shape of a fused projection's backward):

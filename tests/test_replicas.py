@@ -167,9 +167,11 @@ def test_stacked_replicas_follow_solo_runs_on_the_gpu(tmp_path, model):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16, CUDA graph and Triton kernels need a GPU")
-def test_a_stack_of_a_kind_this_process_compiled_starts_compiled_on_the_gpu(tmp_path):
+def test_a_stack_of_a_kind_this_process_compiled_starts_compiled_on_the_gpu(tmp_path, monkeypatch):
     """train.compile: auto. After a stack of a kind has compiled, the next stack of that kind (other seed and
-    learning rates) compiles from its first step at no cost, and trains as it does compiled from scratch."""
+    learning rates) compiles from its first step at no cost, and trains as it does compiled from scratch.
+    The on-disk caches start empty: a kind compiled there before (an earlier run of this test) starts
+    compiled from its first step by design."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from sandbox.train.step import forget_compilations
@@ -189,6 +191,7 @@ def test_a_stack_of_a_kind_this_process_compiled_starts_compiled_on_the_gpu(tmp_
             losses.append([e.value for e in acc.Scalars("train/loss")])
         return res, losses
 
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     forget_compilations()
     first, _ = stack(0, "auto", "first")
     assert first[0]["compiled_at"] is None          # 100 steps do not pay for compiling

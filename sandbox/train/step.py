@@ -28,6 +28,7 @@ besides tensor shapes) runs that compilation at no cost (``compiled_before``).
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import math
@@ -304,18 +305,28 @@ class Step:
 
     def _capture(self, x, y) -> None:
         self.x, self.y = x.clone(), y.clone()
+        # An earlier run's step holds its graph in a reference cycle (``self.forward``), so Python's collector
+        # may destroy that graph at any allocation, and destroying a graph while another is captured
+        # invalidates the capture (pytorch/pytorch#161037; torch >= 2.9 no longer collects before capturing).
+        # Collect now, and keep the collector off while this graph is captured.
+        gc.collect()
         torch.cuda.synchronize()
         # the graph allocates from a pool of its own: hand back what the eager warm-up steps (and an earlier
         # graph, before a compile) left cached, or the process holds the step's activations two or three
         # times over (sweep workers on the H200 held 30-70 GB each, and a fourth ran out of memory)
         torch.cuda.empty_cache()
         self.graph = torch.cuda.CUDAGraph()
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             with torch.cuda.graph(self.graph, stream=self.stream):
                 self._step(self.x, self.y)
         except Exception as e:   # a host sync in some mixer: name the way out
             raise RuntimeError(f"CUDA graph capture failed ({type(e).__name__}: {str(e).splitlines()[0]}); "
                                f"a mixer is not graph-safe: set train.cuda_graph: false") from e
+        finally:
+            if collecting:
+                gc.enable()
         unused = sum(p.grad is None for p in self.params)
         if unused:
             raise RuntimeError(f"CUDA graph: {unused} parameters got no gradient in the captured step "
