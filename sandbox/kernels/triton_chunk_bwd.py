@@ -14,9 +14,10 @@ S_end_c = exp(gl) S_c + (k * exp(gl - gc))^T v that is
     carry_c = exp(gl) * rowsum(S_c * dS_c) + sum_t k_t * dk_inter_t,
 so dg needs no scan across chunks.
 
-Kernels (three launches; gc, qg, kg, A and the chunk-start states S_c come from the forward):
+Kernels (gc, qg, kg, A and the chunk-start states S_c come from the forward):
   1. ``_states``   in reverse (sequential over chunks): dS_c for every chunk, and d(initial state).
-  2. ``_bwd_dA``   (parallel over chunks): dA, fp32.
+  2. ``_bwd_dA``   (parallel over chunks): dA, fp32; only for heads of more than one K tile (K > 64): with
+                   one, the K-tile program of 3. forms it (the dO and v tiles it needs are loaded there).
   3. ``_bwd_chunk`` (parallel over chunks x (NK + NV) tiles): dq, dk and dg of one K tile, or dv of one
                    V tile; intra and inter parts together, written in the input dtype.  (Separate dq and
                    dk programs measured slower on the H200: 0.81 against 0.72 ms at (64,512,2,256).)
@@ -59,7 +60,9 @@ def _bwd_chunk(q, k, v, gc, kg, A, dA, do, h, dh, dq, dk, dv, dg, cidx, T, TT, s
                NV: tl.constexpr, LIM: tl.constexpr):
     """One chunk and head.  Tile i_t < NK: dq, dk (and dg) of K tile i_t, the inter-chunk parts from the
     stored states, the intra-chunk parts from dA.  Otherwise dv of V tile i_t - NK.  The NK + NV tiles of
-    a chunk are neighbours in the grid: they share its rows and states in L2."""
+    a chunk are neighbours in the grid: they share its rows and states in L2.  With one K tile (NK = 1)
+    the K-tile program forms dA itself from the dO and v tiles it loads anyway; with more, ``_bwd_dA``
+    forms it once for all of them."""
     i_ct, i_h = tl.program_id(0), tl.program_id(1)
     i_c, i_t = i_ct // (NK + NV), i_ct % (NK + NV)
     t0, t1 = _chunk_bounds(i_c, cidx, T, IS_VARLEN, BT)
@@ -74,6 +77,7 @@ def _bwd_chunk(q, k, v, gc, kg, A, dA, do, h, dh, dq, dk, dv, dg, cidx, T, TT, s
         b_dq = tl.zeros([BT, BK], dtype=tl.float32)
         b_dk = tl.zeros([BT, BK], dtype=tl.float32)
         hs = tl.zeros([BK], dtype=tl.float32)  # rowsum(S_c * dS_c)
+        acc = tl.zeros([BT, BT], dtype=tl.float32)  # dA, with one K tile
         for i_v in range(0, tl.cdiv(V, BV)):
             o_v = i_v * BV + tl.arange(0, BV)
             m_v = o_v < V
@@ -85,12 +89,17 @@ def _bwd_chunk(q, k, v, gc, kg, A, dA, do, h, dh, dq, dk, dv, dg, cidx, T, TT, s
             b_dS = tl.load(dh + p_s + o_k[:, None] * V + o_v[None, :], mask=m_h, other=0.)
             b_dq += tl.dot(b_do, tl.trans(b_S.to(b_do.dtype)))
             b_dk += tl.dot(b_v, tl.trans(b_dS.to(b_v.dtype)))
+            if NK == 1:
+                acc += tl.dot(b_do, tl.trans(b_v))
             if GATE > 0:
                 hs += tl.sum(b_S.to(tl.float32) * b_dS.to(tl.float32), axis=1)
         p_k = (rows[:, None] * H + i_h) * K + o_k[None, :]
         b_q = tl.load(q + p_k, mask=m_tk, other=0.)
         b_k = tl.load(k + p_k, mask=m_tk, other=0.)
-        b_dA = tl.load(dA + (rows[:, None] * H + i_h) * BT + o_t[None, :], mask=m[:, None], other=0.)
+        if NK == 1:
+            b_dA = tl.where((o_t[None, :] <= o_t[:, None]) & m[None, :], acc * scale, 0.)
+        else:
+            b_dA = tl.load(dA + (rows[:, None] * H + i_h) * BT + o_t[None, :], mask=m[:, None], other=0.)
         dt = b_k.dtype
         rc = tl.minimum(rows, t1 - 1)  # gc loads past the end repeat the last row: no overflow there
         if GATE == 2:
@@ -241,8 +250,10 @@ def _bwd(q, k, v, g, gc, qg, kg, hs, scale, A, do, dht, geo, need_dh0):
     dh, dh0 = run_states(qg, do, gp, gate, dht, need_dh0, geo, scale, True)
     bk, bv = _bwd_tiles(K, V)
     NK, NV = triton.cdiv(K, bk), triton.cdiv(V, bv)
-    dA = torch.empty(TT, H, BT, device=dev, dtype=torch.float32)
-    _bwd_dA[(NC, H)](v, do, dA, cidx, T, scale, H, V=V, IS_VARLEN=varlen, BT=BT, BV=bv, num_warps=4)
+    dA = q                          # with one K tile, _bwd_chunk forms dA itself
+    if NK > 1:
+        dA = torch.empty(TT, H, BT, device=dev, dtype=torch.float32)
+        _bwd_dA[(NC, H)](v, do, dA, cidx, T, scale, H, V=V, IS_VARLEN=varlen, BT=BT, BV=bv, num_warps=4)
     dq = torch.empty(TT, H, K, device=dev, dtype=q.dtype)
     dk = torch.empty(TT, H, K, device=dev, dtype=k.dtype)
     dv = torch.empty(TT, H, V, device=dev, dtype=v.dtype)
