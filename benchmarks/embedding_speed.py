@@ -2,7 +2,7 @@
 runs: 9 x 256 sequences of 320 tokens, 128 columns, 9 tables of 8192 rows folded into one (the vmap rule), 3/4 of
 the positions the filler token of their replica (MQAR's filler takes 60-90%).
 
-    python benchmarks/embedding_speed.py [--replicas 9] [--dim 128] [--warps 2,4,8] [--out FILE.json]
+    python benchmarks/embedding_speed.py [--replicas 9] [--dim 128] [--warps 4,8,16] [--out FILE.json]
 
 Times (median ms, triton's do_bench): the whole gradient, its id sort, ``_tile_sums`` at each warp count,
 ``_row_sums``, and a float32 copy of the gradient (what reading and writing it once costs). Needs a GPU.

@@ -77,7 +77,8 @@ def _bwd_chunk(q, k, v, gc, kg, A, dA, do, h, dh, dq, dk, dv, dg, cidx, T, TT, s
         b_dq = tl.zeros([BT, BK], dtype=tl.float32)
         b_dk = tl.zeros([BT, BK], dtype=tl.float32)
         hs = tl.zeros([BK], dtype=tl.float32)  # rowsum(S_c * dS_c)
-        acc = tl.zeros([BT, BT], dtype=tl.float32)  # dA, with one K tile
+        if NK == 1:
+            acc = tl.zeros([BT, BT], dtype=tl.float32)  # dA, formed here
         for i_v in range(0, tl.cdiv(V, BV)):
             o_v = i_v * BV + tl.arange(0, BV)
             m_v = o_v < V
