@@ -223,7 +223,8 @@ def _conv_loop(x, w, per):
 @pytest.mark.parametrize("T, W, G", [(5, 4, 1), (70, 4, 2), (66, 2, 1), (9, 1, 2), (3, 4, 2)])
 def test_short_conv_kernels_equal_a_float64_loop(T, W, G):
     """Values and both gradients of the Triton kernels against autograd through a float64 loop: T 70 and 66
-    cross the 64-position tile (the backward reads the next tile's first W - 1 positions), C 80 leaves a part
+    cross several tiles (the backward's input gradient reads the next tile's first W - 1 positions of da
+    from its ring), T 3 and 5 end inside the first tile, C 80 leaves a part
     column tile, the input is a column slice of a wider tensor (a projection's leading columns), and G = 2
     weight groups (stacked replicas) each serve their own sequences."""
     from sandbox.kernels.triton_short_conv import short_conv_grad_triton, short_conv_triton

@@ -1,4 +1,4 @@
-"""The short causal depthwise convolution with its silu (``short_conv.py``) as three Triton kernels.
+"""The short causal depthwise convolution with its silu (``short_conv.py``) as two Triton kernels.
 
 ``y[n, t, c] = silu(sum_j w[g, c, j] * x[n, t + j - (W - 1), c])``, with x zero before t = 0 and
 g = n // per (stacked replicas each bring their own weights; one model has g = 0 throughout).
@@ -6,17 +6,22 @@ g = n // per (stacked replicas each bring their own weights; one model has g = 0
 ``_forward``: one program per (sequence, BT positions, BC channels) sums the W shifted rows in
 float32 and writes silu of it in x's dtype. Nothing is saved: the backward recomputes the sums.
 
-The backward, for the output gradient dy:
+``_backward``, for the output gradient dy: one program per (sequence, BC channels) walks the sequence
+BT positions at a time. At tile k it recomputes the pre-activation a, forms ``da = dy * silu'(a)`` and
+adds ``da[t] * x[t + j - (W - 1)]`` to a running tile per tap (the weight gradient, summed once at the
+end into the program's own row of partials, which the caller adds in a fixed order: no atomics, so a
+run repeats to the bit). Then it writes tile k - 1's input gradient, ``dx[t] = sum_m w[W - 1 - m]
+da[t + m]``, which reaches W - 1 rows into tile k. Registers cannot be shifted by rows, so da goes
+through a ring of three tiles per program in global memory (L1 and L2 hold it; it is not read back from
+HBM), written, then read at the shifted rows after a barrier of the program's threads. Three tiles, so
+that a tile is rewritten only after every thread has passed the barrier following its last read. The
+next tile's own rows of x and dy are loaded while this one computes; the shifted rows of x then come
+from cache. It holds one tile per tap, for 4 taps: shorter filters get leading zero taps.
 
-1. ``_backward_pre``: one program per (sequence, BC channels) walks the sequence BT positions at a time,
-   recomputes the pre-activation a, writes ``da = dy * silu'(a)`` (in x's dtype) and keeps, per tap,
-   a running tile of ``da[t] * x[t + j - (W - 1)]``, summed once at the end into the program's own row of
-   weight-gradient partials; the caller adds the rows in a fixed order (no atomics, so a run repeats to
-   the bit). It holds one tile per tap, for 4 taps: shorter filters get leading zero taps.
-2. ``_backward_x``: ``dx[t] = sum_m w[W - 1 - m] da[t + m]``.
-
-Shifted loads of a tile fall in rows a neighbouring load just read, so they come from cache. A sum per
-tile in the first kernel (instead of per sequence) cost twice its time: the reductions, not the bytes.
+Before, da went to memory in x's dtype and a second kernel formed dx from it: on the H200 at a stack
+of 9 Figure 8 runs, 0.79 ms per call against 0.57 now (benchmarks/short_conv_speed.py). dx is as precise
+as before (da is rounded to x's dtype on its way through the ring, as it was in memory; the bits differ
+only where the compiler fuses multiply-adds differently).
 """
 from __future__ import annotations
 
@@ -25,11 +30,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-# tiles measured on the H200 at a stack of 9 Figure 8 runs (x [2304, 320, 256] bf16): forward 0.31 ms, the two
-# backward kernels 0.51 and 0.22 ms per call, against 0.38, 1.16 and 0.48 with 64 x 64 tiles everywhere
-BT, BC = 16, 128          # forward and dx: a tile each
-BT_PRE, BC_PRE = 16, 64   # da and the weight gradient: a channel block each, walking the sequence
-TAPS = 4                  # the backward's first kernel holds one tile per tap; shorter filters get leading zero taps
+# tiles measured on the H200 at a stack of 9 Figure 8 runs (x [2304, 320, 256] bf16): forward 0.31 ms per call
+# (0.38 with 64 x 64 tiles); backward 0.57 (16 positions: 0.72, 32: 0.66; 32 or 128 channels, 2 or 8 warps: slower)
+BT, BC = 16, 128                       # forward: a tile each
+BT_BWD, BC_BWD, WARPS_BWD = 8, 64, 4   # backward: a channel block each, walking the sequence
+TAPS = 4                               # the backward holds one tile per tap; shorter filters get leading zero taps
 
 
 @triton.jit
@@ -52,7 +57,15 @@ def _forward(x, w, y, T, C, per, sxn, sxt, W: tl.constexpr, BT: tl.constexpr, BC
 
 
 @triton.jit
-def _backward_pre(dy, x, w, da, dwp, T, C, per, sxn, sxt, sdn, sdt, BT: tl.constexpr, BC: tl.constexpr):
+def _ring_rows(own, last, cur, r, cc, m: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, mask):
+    """da at rows r + m of tile ``last`` in the ring, running on into tile ``cur`` (float32)."""
+    src = tl.where(r + m < BT, last * BT + r + m, cur * BT + r + m - BT)
+    return tl.load(own + src * BC + cc, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _backward(dy, x, w, dx, dwp, ring, T, C, per, sxn, sxt, sdn, sdt, BT: tl.constexpr, BC: tl.constexpr):
+    tl.static_assert(BT >= 4)                # the last tap's rows reach 3 into the next tile, no further
     n = tl.program_id(0)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
     mc = c < C
@@ -63,49 +76,54 @@ def _backward_pre(dy, x, w, da, dwp, T, C, per, sxn, sxt, sdn, sdt, BT: tl.const
     w3 = tl.load(wrow + 3, mask=mc, other=0.0).to(tl.float32)[None, :]
     xrow = x + n.to(tl.int64) * sxn
     dyrow = dy + n.to(tl.int64) * sdn
-    darow = da + n.to(tl.int64) * T * C
-    acc0 = tl.zeros([BT, BC], dtype=tl.float32)       # the weight gradient of each tap, summed over positions
+    dxrow = dx + n.to(tl.int64) * T * C
+    own = ring + (n.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * (3 * BT * BC)
+    acc0 = tl.zeros([BT, BC], dtype=tl.float32)
     acc1 = tl.zeros([BT, BC], dtype=tl.float32)
     acc2 = tl.zeros([BT, BC], dtype=tl.float32)
     acc3 = tl.zeros([BT, BC], dtype=tl.float32)
-    for t0 in range(0, T, BT):
-        t = t0 + tl.arange(0, BT)
+    r = tl.arange(0, BT)[:, None]
+    cc = tl.arange(0, BC)[None, :]
+    nt = tl.cdiv(T, BT)
+    t = tl.arange(0, BT)
+    mt = (t < T)[:, None] & mc[None, :]
+    x3n = tl.load(xrow + t[:, None] * sxt + c[None, :], mask=mt, other=0.0)
+    gn = tl.load(dyrow + t[:, None] * sdt + c[None, :], mask=mt, other=0.0)
+    for k in range(nt + 1):               # tile k's da, then tile k - 1's dx (it needs da 3 rows into tile k)
+        t = k * BT + tl.arange(0, BT)
         mt = (t < T)[:, None] & mc[None, :]
+        x3 = x3n.to(tl.float32)
+        g = gn.to(tl.float32)
+        tn = t + BT                        # the next tile's own rows, loaded while this one computes
+        mn = (tn < T)[:, None] & mc[None, :]
+        x3n = tl.load(xrow + tn[:, None] * sxt + c[None, :], mask=mn, other=0.0)
+        gn = tl.load(dyrow + tn[:, None] * sdt + c[None, :], mask=mn, other=0.0)
         x0 = tl.load(xrow + (t - 3)[:, None] * sxt + c[None, :], mask=(t >= 3)[:, None] & mt, other=0.0).to(tl.float32)
         x1 = tl.load(xrow + (t - 2)[:, None] * sxt + c[None, :], mask=(t >= 2)[:, None] & mt, other=0.0).to(tl.float32)
         x2 = tl.load(xrow + (t - 1)[:, None] * sxt + c[None, :], mask=(t >= 1)[:, None] & mt, other=0.0).to(tl.float32)
-        x3 = tl.load(xrow + t[:, None] * sxt + c[None, :], mask=mt, other=0.0).to(tl.float32)
         a = x0 * w0 + x1 * w1 + x2 * w2 + x3 * w3
         sg = tl.sigmoid(a)
-        g = tl.load(dyrow + t[:, None] * sdt + c[None, :], mask=mt, other=0.0).to(tl.float32)
-        d = g * sg * (1.0 + a * (1.0 - sg))
-        tl.store(darow + t[:, None] * C + c[None, :], d.to(da.dtype.element_ty), mask=mt)
+        d = g * sg * (1.0 + a * (1.0 - sg))        # zero past the sequence's end (g is)
         acc0 += d * x0
         acc1 += d * x1
         acc2 += d * x2
         acc3 += d * x3
-    out = dwp + n.to(tl.int64) * C * 4 + c * 4
-    tl.store(out + 0, tl.sum(acc0, axis=0), mask=mc)
-    tl.store(out + 1, tl.sum(acc1, axis=0), mask=mc)
-    tl.store(out + 2, tl.sum(acc2, axis=0), mask=mc)
-    tl.store(out + 3, tl.sum(acc3, axis=0), mask=mc)
-
-
-@triton.jit
-def _backward_x(da, w, dx, T, C, per, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
-    n = tl.program_id(0)
-    t = tl.program_id(1) * BT + tl.arange(0, BT)
-    c = tl.program_id(2) * BC + tl.arange(0, BC)
-    mc = c < C
-    wrow = w + (n // per).to(tl.int64) * C * W + c * W
-    row = da + n.to(tl.int64) * T * C
-    acc = tl.zeros([BT, BC], dtype=tl.float32)
-    for m in tl.static_range(W):                      # the gradient at t + m reaches x[t] through tap W - 1 - m
-        tm = t + m
-        g = tl.load(row + tm[:, None] * C + c[None, :], mask=(tm < T)[:, None] & mc[None, :], other=0.0)
-        acc += g * tl.load(wrow + (W - 1 - m), mask=mc, other=0.0).to(tl.float32)[None, :]
-    mo = (t < T)[:, None] & mc[None, :]
-    tl.store(dx + n.to(tl.int64) * T * C + t[:, None] * C + c[None, :], acc.to(dx.dtype.element_ty), mask=mo)
+        cur = k % 3
+        last = (k + 2) % 3
+        tl.store(own + (cur * BT + r) * BC + cc, d.to(dx.dtype.element_ty))
+        tl.debug_barrier()
+        s = t - BT                                 # tile k - 1
+        ms = ((s >= 0) & (s < T))[:, None] & mc[None, :]
+        out = _ring_rows(own, last, cur, r, cc, 0, BT, BC, ms) * w3
+        out += _ring_rows(own, last, cur, r, cc, 1, BT, BC, ms) * w2
+        out += _ring_rows(own, last, cur, r, cc, 2, BT, BC, ms) * w1
+        out += _ring_rows(own, last, cur, r, cc, 3, BT, BC, ms) * w0
+        tl.store(dxrow + s[:, None] * C + c[None, :], out.to(dx.dtype.element_ty), mask=ms)
+    o = dwp + n.to(tl.int64) * C * 4 + c * 4
+    tl.store(o + 0, tl.sum(acc0, axis=0), mask=mc)
+    tl.store(o + 1, tl.sum(acc1, axis=0), mask=mc)
+    tl.store(o + 2, tl.sum(acc2, axis=0), mask=mc)
+    tl.store(o + 3, tl.sum(acc3, axis=0), mask=mc)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -132,10 +150,11 @@ def short_conv_grad_triton(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -
         raise ValueError(f"short_conv_grad_triton: filters of at most {TAPS} taps, got {W}")
     x, dy, w = _rows(x), _rows(dy), w.contiguous()
     w4 = F.pad(w, (TAPS - W, 0))                       # tap j of W is tap j + TAPS - W of TAPS
-    da = torch.empty(N, T, C, dtype=x.dtype, device=x.device)
-    dwp = torch.empty(N, C, TAPS, dtype=torch.float32, device=x.device)
-    _backward_pre[(N, triton.cdiv(C, BC_PRE))](dy, x, w4, da, dwp, T, C, N // G, x.stride(0), x.stride(1), dy.stride(0),
-                                               dy.stride(1), BT=BT_PRE, BC=BC_PRE, num_warps=4)
     dx = torch.empty(N, T, C, dtype=x.dtype, device=x.device)
-    _backward_x[(N, triton.cdiv(T, BT), triton.cdiv(C, BC))](da, w, dx, T, C, N // G, W=W, BT=BT, BC=BC, num_warps=4)
+    dwp = torch.empty(N, C, TAPS, dtype=torch.float32, device=x.device)
+    grid = (N, triton.cdiv(C, BC_BWD))
+    ring = torch.empty(N * grid[1] * 3 * BT_BWD * BC_BWD, dtype=x.dtype, device=x.device)
+    # num_stages=1: no software pipelining, which could move the ring's loads above the barrier
+    _backward[grid](dy, x, w4, dx, dwp, ring, T, C, N // G, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
+                    BT=BT_BWD, BC=BC_BWD, num_warps=WARPS_BWD, num_stages=1)
     return dx, dwp.view(G, N // G, C, TAPS).sum(1)[..., TAPS - W:]
