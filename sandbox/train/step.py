@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
+
+from sandbox.kernels.cross_entropy import IGNORE, cross_entropy
 
 
 # The kinds of step this process compiled since Dynamo's cache was last dropped. A sweep worker trains one
@@ -150,24 +151,28 @@ def scored_positions(targets: torch.Tensor, per_row: int | None):
     return pos, targets.gather(1, pos)
 
 
-class _Stack(torch.autograd.Function):
+@torch.library.custom_op("sandbox::stack_replicas", mutates_args=())
+def stack_replicas(ps: list[torch.Tensor]) -> torch.Tensor:
     """``torch.stack`` of the replicas' copies of a weight, whose gradient comes back as contiguous slices of one
     contiguous [R, ...] tensor. A stack's weight gradients come out of their batched products transposed
     ([R, in, out] memory for an [out, in] weight), and AdamW's fused kernel needs each replica's gradient
     contiguous: copied one replica at a time, that was 171 copy kernels per step at a stack of 9 GLA runs.
-    Made contiguous here, inside the compiled backward, it is one copy per weight."""
+    Made contiguous inside the compiled backward, it is one copy per weight. A custom op, not an
+    ``autograd.Function``: AOTAutograd's on-disk cache bypasses graphs that hold one, and every stack would
+    compile from scratch."""
+    return torch.stack(ps)
 
-    @staticmethod
-    def forward(*ps):
-        return torch.stack(ps)
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
+@stack_replicas.register_fake
+def _stack_fake(ps):
+    return ps[0].new_empty(len(ps), *ps[0].shape)
 
-    @staticmethod
-    def backward(ctx, g):
-        return g.contiguous().unbind(0)
+
+def _stack_backward(ctx, g):
+    return list(g.contiguous().unbind(0))
+
+
+stack_replicas.register_autograd(_stack_backward, setup_context=lambda ctx, inputs, output: None)
 
 
 class Step:
@@ -249,9 +254,9 @@ class Step:
             m = self.models[0]
             pos, y = scored_positions(y, self.per_row)
             logits, aux = m(x, pos), m.aux_loss()
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
+            loss = cross_entropy(logits, y).sum() / (y != IGNORE).sum()
             return (loss + aux if aux is not None else loss), loss[None]
-        params = {n: _Stack.apply(*ps) for n, ps in zip(self.names, zip(*(m.parameters() for m in self.models)))}
+        params = {n: stack_replicas(list(ps)) for n, ps in zip(self.names, zip(*(m.parameters() for m in self.models)))}
         buffers = {n: torch.stack(bs) for n, bs in zip(self.buffer_names, zip(*(m.buffers() for m in self.models)))}
         base = self.models[0]
 
@@ -263,11 +268,10 @@ class Step:
 
         dim = 0 if x.dim() == 3 else None
         logits, y, aux = torch.func.vmap(one, in_dims=(0, 0, dim, dim))(params, buffers, x, y)
-        # The loss over all replicas at once, outside vmap: under vmap, the loss's backward picked each target's
-        # logit by a scatter into a zero tensor the size of the logits (0.26 ms at a stack of 9 Figure 8 runs,
-        # and a second read of it), where the plain loss's backward compares indices in its softmax kernel.
-        nll = F.cross_entropy(logits.float().flatten(0, -2), y.flatten(), ignore_index=-100, reduction="none")
-        loss = nll.view(self.R, -1).sum(1) / (y != -100).view(self.R, -1).sum(1)
+        # The loss over all replicas at once, outside vmap (one op over all rows; under vmap, torch's loss had
+        # picked each target's logit in its backward by a scatter into a zero tensor the size of the logits).
+        nll = cross_entropy(logits, y)
+        loss = nll.view(self.R, -1).sum(1) / (y != IGNORE).view(self.R, -1).sum(1)
         return (loss + aux).sum(), loss
 
     # The forward's settings (mixed precision; for stacked replicas, the attention kernels) are entered around
