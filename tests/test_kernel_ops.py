@@ -2,6 +2,7 @@
 
 ``torch.library.opcheck`` checks each registration (schema, fake tensors for torch.compile, autograd);
 ``vmap`` over stacked replicas must equal one call per replica, outputs and gradients."""
+import math
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before the kernel modules are imported (their @triton.jit reads it)
@@ -176,6 +177,15 @@ def test_embedding_grad_kernel_equals_a_float64_loop(dtype, N, V):
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
 
+def test_embedding_lookup_kernel_equals_indexing():
+    """70 ids (two tiles of 32 and a part one) into a table of 150-column rows (a full and a part column block),
+    in [7, 10] with MQAR's repeats: every row is the table's row, bit for bit."""
+    from sandbox.kernels.triton_embedding import embedding_triton
+    w = torch.randn(50, 150, generator=torch.Generator().manual_seed(7))
+    ids = _mqar_like_ids(70, 50, 3).view(7, 10)
+    assert torch.equal(embedding_triton(w, ids), w[ids])
+
+
 def test_embedding_op_passes_opcheck():
     from sandbox.kernels.embedding import embedding  # noqa: F401  (registers the op)
     w = torch.randn(20, 16, requires_grad=True)
@@ -304,3 +314,61 @@ def test_topk_mask_op_passes_opcheck_and_folds_replicas_under_vmap():
     want = torch.stack([topk_mask(x[r], 3) for r in range(3)])
     assert torch.equal(torch.func.vmap(topk_mask, in_dims=(1, None))(x.transpose(0, 1), 3), want)
     assert torch.equal(torch.compile(torch.func.vmap(lambda z: topk_mask(z, 3)), backend="aot_eager")(x), want)
+
+
+# -- the training loss: cross-entropy per row ---------------------------------------------------------
+
+def _loss_loop(logits, target):
+    """Per-row negative log-likelihood by a plain float64 loop (0 at the ignore index)."""
+    out = torch.zeros(len(target), dtype=torch.float64)
+    for n, t in enumerate(target.tolist()):
+        if t != -100:
+            row = logits[n].double()
+            out[n] = math.log(sum(math.exp(v - row.max().item()) for v in row.tolist())) + row.max().item() - row[t].item()
+    return out
+
+
+@pytest.mark.parametrize("dtype,V,bv", [(torch.float32, 300, 128), (torch.bfloat16, 512, 512), (torch.float32, 77, None)])
+def test_cross_entropy_kernel_equals_a_float64_loop(dtype, V, bv):
+    """V 300 over tiles of 128: the running maximum and sum rescale across three tiles, the last one part
+    empty; rows with the ignore index give 0; a row whose largest logit comes last."""
+    from sandbox.kernels.triton_cross_entropy import cross_entropy_rows_triton
+    g_ = torch.Generator().manual_seed(V)
+    logits = (3 * torch.randn(7, V, generator=g_)).to(dtype)
+    logits[2, -1] = 40.0
+    target = torch.randint(0, V, (7,), generator=g_)
+    target[[1, 4]] = -100
+    target[2] = V - 1
+    nll, lse = cross_entropy_rows_triton(logits, target, -100, bv=bv, warps=4)
+    want = _loss_loop(logits, target)
+    assert nll.dtype == torch.float32
+    torch.testing.assert_close(nll.double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(logits.double(), -1), rtol=1e-5, atol=1e-5)
+
+
+def test_cross_entropy_op_equals_torchs_loss_with_its_gradient_also_compiled():
+    """Values and the logits' gradient against F.cross_entropy in float64, eagerly and through
+    torch.compile (which traces the op's torch backward), with ignored rows and an upstream weight per row."""
+    from sandbox.kernels.cross_entropy import cross_entropy
+    g_ = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 4, 33, generator=g_, dtype=torch.float64)
+    target = torch.randint(0, 33, (3, 4), generator=g_)
+    target[0, 1] = target[2, 3] = -100
+    w = torch.rand(3, 4, generator=g_, dtype=torch.float64)
+    ref_in = logits.clone().requires_grad_()
+    ref = F.cross_entropy(ref_in.flatten(0, 1), target.flatten(), ignore_index=-100, reduction="none").view(3, 4)
+    (ref * w).sum().backward()
+    for f in (cross_entropy, torch.compile(cross_entropy, backend="aot_eager")):
+        x = logits.clone().requires_grad_()
+        out = f(x, target)
+        (out * w).sum().backward()
+        torch.testing.assert_close(out, ref.detach())
+        torch.testing.assert_close(x.grad, ref_in.grad)
+
+
+def test_cross_entropy_op_passes_opcheck():
+    import sandbox.kernels.cross_entropy  # noqa: F401  (registers the op)
+    logits = torch.randn(6, 10, requires_grad=True)
+    target = torch.tensor([1, -100, 3, 9, 0, 2])
+    torch.library.opcheck(torch.ops.sandbox.cross_entropy.default, (logits, target),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))

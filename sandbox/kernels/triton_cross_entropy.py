@@ -1,0 +1,47 @@
+"""The cross-entropy loss's forward over rows of logits (``cross_entropy.py``) as one Triton kernel.
+
+``_rows``: one program per row walks its V logits BV at a time with a running maximum and a running sum of
+exponentials (rescaled when the maximum grows), in float32, then writes ``lse = max + log(sum)`` and
+``nll = lse - logits[target]`` (0 where the target is the ignore index). The row is read once; nothing of
+size V is written.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BV, WARPS = 8192, 4   # on the H200 at 9 x 256 x 16 rows of 8192 logits: 0.170 ms (8 warps 0.189, 16: 0.226; loss_speed.py)
+
+
+@triton.jit
+def _rows(logits, target, nll, lse, V, stride, ignore, BV: tl.constexpr):
+    row = tl.program_id(0)
+    base = logits + row.to(tl.int64) * stride
+    m = tl.full([], float("-inf"), tl.float32)
+    s = tl.zeros([], dtype=tl.float32)
+    for v0 in range(0, V, BV):
+        cols = v0 + tl.arange(0, BV)
+        x = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        big = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - big) + tl.sum(tl.exp(x - big), axis=0)
+        m = big
+    out = m + tl.log(s)
+    t = tl.load(target + row)
+    keep = t != ignore
+    picked = tl.load(base + tl.where(keep, t, 0)).to(tl.float32)
+    tl.store(lse + row, out)
+    tl.store(nll + row, tl.where(keep, out - picked, 0.0))
+
+
+def cross_entropy_rows_triton(logits: torch.Tensor, target: torch.Tensor, ignore: int,
+                              bv: int | None = None, warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [N, V] (unit column stride), target [N] int64: (nll [N], lse [N]) in float32."""
+    N, V = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    nll = torch.empty(N, dtype=torch.float32, device=logits.device)
+    lse = torch.empty(N, dtype=torch.float32, device=logits.device)
+    bv = bv or min(BV, triton.next_power_of_2(V))
+    _rows[(N,)](logits, target, nll, lse, V, logits.stride(0), ignore, BV=bv, num_warps=warps or WARPS)
+    return nll, lse
