@@ -4,7 +4,7 @@ the positions the filler token of their replica (MQAR's filler takes 60-90%).
 
     python benchmarks/embedding_speed.py [--replicas 9] [--dim 128] [--warps 4,8,16] [--out FILE.json]
 
-Times (median ms, triton's do_bench): the whole gradient, its id sort, ``_tile_sums`` at each warp count,
+Times (median ms, triton's do_bench): the lookup (the forward; and torch's indexing), the whole gradient, its id sort, ``_tile_sums`` at each warp count,
 ``_row_sums``, and a float32 copy of the gradient (what reading and writing it once costs). Needs a GPU.
 """
 from __future__ import annotations
@@ -39,6 +39,10 @@ def main():
     ms = res["ms"]
     ms["whole"] = bench(lambda: te.embedding_grad_triton(ids, grad, rows))
     ms["copy_fp32"] = bench(lambda: grad.clone())
+    table = torch.randn(rows, D, device="cuda", generator=gen)
+    ms["lookup"] = bench(lambda: te.embedding_triton(table, ids))
+    ms["lookup_torch"] = bench(lambda: table[ids])
+    res["lookup_equal"] = bool(torch.equal(te.embedding_triton(table, ids), table[ids]))
     key = torch.int16 if rows <= torch.iinfo(torch.int16).max else torch.int32
     ms["sort"] = bench(lambda: torch.sort(ids.to(key), stable=True))
     sid, perm = torch.sort(ids.to(key), stable=True)

@@ -13,8 +13,9 @@ no atomics, and the result depends only on the inputs.
 
 ``embedding(weight, ids)`` is a torch custom op (opaque to torch.compile, which would otherwise
 decompose the backward back into one add per token) with a vmap rule that folds stacked replicas
-into the table's rows. Off CUDA the backward is torch's ``index_add_``; the Triton kernel
-(``triton_embedding.py``) also runs on CPU tensors under ``TRITON_INTERPRET=1``, for the tests.
+into the table's rows. On CUDA the lookup and the backward are Triton kernels (``triton_embedding.py``,
+which also run on CPU tensors under ``TRITON_INTERPRET=1``, for the tests); elsewhere ``weight[ids]`` and
+torch's ``index_add_``.
 """
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def _grad_op_fake(ids, grad, num_rows):
 
 @torch.library.custom_op("sandbox::embedding", mutates_args=())
 def _op(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    if weight.is_cuda:
+        from sandbox.kernels.triton_embedding import embedding_triton
+        return embedding_triton(weight, ids)
     return weight[ids]
 
 

@@ -1,4 +1,7 @@
-"""The weight gradient of ``embedding.py``'s lookup as two Triton kernels, with no atomic adds.
+"""``embedding.py``'s lookup, and its weight gradient as two Triton kernels with no atomic adds.
+
+``_lookup``: each program copies the table rows of BT ids, BD columns at a time. (torch's gather kernel wrote
+the float32 rows of a stack of 9 Figure 8 runs at about 0.85 TB/s on the H200: 0.45 ms.)
 
 Adding tiles' sums into the table with atomics made the result depend on the order the tiles
 finished, so the same run trained twice on a GPU gave different bits, and at the edge of learning
@@ -22,6 +25,27 @@ import triton
 import triton.language as tl
 
 BT, BD, BLK = 64, 64, 64
+LOOKUP_BT, LOOKUP_BD, LOOKUP_WARPS = 32, 128, 4
+
+
+@triton.jit
+def _lookup(weight, ids, out, N, D, BT: tl.constexpr, BD: tl.constexpr):
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    m = (rows < N)[:, None] & (cols < D)[None, :]
+    tok = tl.load(ids + rows, mask=rows < N, other=0).to(tl.int64)
+    v = tl.load(weight + tok[:, None] * D + cols[None, :], mask=m)
+    tl.store(out + rows.to(tl.int64)[:, None] * D + cols[None, :], v, mask=m)
+
+
+def embedding_triton(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``weight[ids]`` for a contiguous table [rows, D]: [*ids.shape, D] in the table's dtype."""
+    D = weight.shape[1]
+    flat = ids.reshape(-1)
+    out = torch.empty(flat.numel(), D, dtype=weight.dtype, device=weight.device)
+    grid = (triton.cdiv(flat.numel(), LOOKUP_BT), triton.cdiv(D, LOOKUP_BD))
+    _lookup[grid](weight.contiguous(), flat, out, flat.numel(), D, BT=LOOKUP_BT, BD=LOOKUP_BD, num_warps=LOOKUP_WARPS)
+    return out.view(*ids.shape, D)
 
 
 @triton.jit
