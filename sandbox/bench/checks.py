@@ -163,6 +163,34 @@ def check_short_conv(dtype, device, N=6, T=333, C=400, W=4, G=3) -> dict:
     return {"errors": errs, "ok": all(e <= TOL[dtype] for e in errs.values()), "tol": TOL[dtype]}
 
 
+def check_loss_and_lookup(dtype, device, N=3000, V=8192) -> dict:
+    """The training loss (``triton_cross_entropy.py``) against float64 ``F.cross_entropy``: each row's loss and the
+    logits' gradient, at V 8192 (one tile) and 12000 (two, the second part empty), one row in 10 ignored; and the
+    embedding lookup (``triton_embedding.py``) against indexing, which must be equal (the error is its count of
+    differing entries)."""
+    import torch.nn.functional as F
+
+    from sandbox.kernels.cross_entropy import cross_entropy
+    from sandbox.kernels.embedding import embedding
+
+    errs = {}
+    for v in (V, 12000):
+        logits = (3 * torch.randn(N, v, device=device)).to(dtype).requires_grad_()
+        y = torch.randint(0, v, (N,), device=device)
+        y[::10] = -100
+        w = torch.rand(N, device=device)
+        ref_in = logits.detach().double().requires_grad_()
+        ref = F.cross_entropy(ref_in, y, ignore_index=-100, reduction="none")
+        (ref * w).sum().backward()
+        out = cross_entropy(logits, y)
+        (out * w).sum().backward()
+        errs[f"loss_V{v}"], errs[f"dlogits_V{v}"] = rel_err(out, ref), rel_err(logits.grad, ref_in.grad)
+    table = torch.randn(9 * 8192, 128, device=device)
+    ids = torch.randint(0, 9 * 8192, (4096, 64), device=device)
+    errs["lookup_differ"] = float((embedding(table, ids) != table[ids]).sum().item())
+    return {"errors": errs, "ok": all(e <= TOL[dtype] for e in errs.values()), "tol": TOL[dtype]}
+
+
 def check_topk_mask(dtype, device, rows=9 * 2048, c=64, k=16) -> dict:
     """The top-k row mask (``triton_topk_mask.py``) against torch.topk's set, on rows without ties (a permutation
     each, exact in 16-bit floats) of 64 and of 32 columns (GSA's slots, GLA's key rows at d_model 128): the count
@@ -226,6 +254,7 @@ def family_checks(device) -> dict:
         run(f"slot_scores_{str(dtype)[6:]}", dtype, lambda: check_slot_scores(dtype, device))
         run(f"short_conv_{str(dtype)[6:]}", dtype, lambda: check_short_conv(dtype, device))
         run(f"topk_mask_{str(dtype)[6:]}", dtype, lambda: check_topk_mask(dtype, device))
+        run(f"loss_and_lookup_{str(dtype)[6:]}", dtype, lambda: check_loss_and_lookup(dtype, device))
         run(None, dtype, lambda: check_decode(dtype, device))          # several entries of its own
     return out
 
