@@ -4,8 +4,9 @@ the positions the filler token of their replica (MQAR's filler takes 60-90%).
 
     python benchmarks/embedding_speed.py [--replicas 9] [--dim 128] [--warps 4,8,16] [--out FILE.json]
 
-Times (median ms, triton's do_bench): the lookup (the forward; and torch's indexing), the whole gradient, its id sort, ``_tile_sums`` at each warp count,
-``_row_sums``, and a float32 copy of the gradient (what reading and writing it once costs). Needs a GPU.
+Times (median ms, triton's do_bench): the lookup (the forward; and torch's indexing), the whole gradient, its id
+sort, ``_tile_sums`` at each warp count, ``_row_sums``, and a float32 copy of the gradient (what reading and writing
+it once costs). Needs a GPU.
 """
 from __future__ import annotations
 

@@ -60,7 +60,8 @@ def main():
         ms["read_once"] = bench(lambda: logits.detach().sum(dtype=torch.float32))
         for t in a.tiles:
             bv, warps = (int(v) for v in t.split(","))
-            ms[f"kernel_{t}"] = bench(lambda: tce.cross_entropy_rows_triton(logits.detach(), y, -100, bv=bv, warps=warps))
+            ms[f"kernel_{t}"] = bench(
+                lambda: tce.cross_entropy_rows_triton(logits.detach(), y, -100, bv=bv, warps=warps))
         res[name] = r
     print(json.dumps(res, indent=1))
     if a.out:

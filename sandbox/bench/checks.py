@@ -165,7 +165,7 @@ def check_short_conv(dtype, device, N=6, T=333, C=400, W=4, G=3) -> dict:
 
 def check_loss_and_lookup(dtype, device, N=3000, V=8192) -> dict:
     """The training loss (``triton_cross_entropy.py``) against float64 ``F.cross_entropy``: each row's loss and the
-    logits' gradient, at V 8192 (one tile) and 12000 (two, the second part empty), one row in 10 ignored; and the
+    logits' gradient, at V 8192 (one tile) and 12000 (a second tile, part masked), one row in 10 ignored; and the
     embedding lookup (``triton_embedding.py``) against indexing, which must be equal (the error is its count of
     differing entries)."""
     import torch.nn.functional as F

@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-BV, WARPS = 8192, 4   # on the H200 at 9 x 256 x 16 rows of 8192 logits: 0.170 ms (8 warps 0.189, 16: 0.226; loss_speed.py)
+# on the H200 at 9 x 256 x 16 rows of 8192 logits: 0.170 ms (8 warps 0.189, 16: 0.226; benchmarks/loss_speed.py)
+BV, WARPS = 8192, 4
 
 
 @triton.jit

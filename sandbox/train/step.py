@@ -147,7 +147,7 @@ def scored_positions(targets: torch.Tensor, per_row: int | None):
     ``per_row`` of them (``None``: all positions). Fixed shapes, so no host sync."""
     if per_row is None or per_row >= targets.shape[1]:
         return None, targets
-    pos = torch.topk((targets != -100).to(torch.float16), per_row, dim=1, sorted=False).indices
+    pos = torch.topk((targets != IGNORE).to(torch.float16), per_row, dim=1, sorted=False).indices
     return pos, targets.gather(1, pos)
 
 
@@ -256,7 +256,8 @@ class Step:
             logits, aux = m(x, pos), m.aux_loss()
             loss = cross_entropy(logits, y).sum() / (y != IGNORE).sum()
             return (loss + aux if aux is not None else loss), loss[None]
-        params = {n: stack_replicas(list(ps)) for n, ps in zip(self.names, zip(*(m.parameters() for m in self.models)))}
+        weights = zip(*(m.parameters() for m in self.models))
+        params = {n: stack_replicas(list(ps)) for n, ps in zip(self.names, weights)}
         buffers = {n: torch.stack(bs) for n, bs in zip(self.buffer_names, zip(*(m.buffers() for m in self.models)))}
         base = self.models[0]
 
