@@ -287,6 +287,8 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
               f"({_start_parts(row)}; set-up {row['warm_setup_s'] or 0:.0f} s with warm caches), "
               f"{minutes:.1f} GPU-minutes" + _against_ref(row), flush=True)
         print_profile(res)
+        if res.get("profile"):
+            (out / name / "profile.json").write_text(json.dumps({"kernels": res["profile"], "by_op": res["by_op"]}))
     return _write_estimate(path, rows, torch.cuda.get_device_name(), torch.__version__, steps, len(names), out)
 
 
@@ -359,8 +361,11 @@ def minutes_compiling_ahead(rows: list[dict]) -> float:
 
 
 def print_profile(res: dict) -> None:
-    """The kernels of a timed run's step (``--profile``), largest first."""
-    for k in res.get("profile", []):
+    """The 40 largest kernels of a timed run's step (``--profile``; the json keeps them all), and the
+    generator's."""
+    rows = res.get("profile", [])
+    cut = next((i for i, k in enumerate(rows) if k["kernel"].startswith("GENERATOR")), len(rows))
+    for k in rows[:min(cut, 41)] + rows[cut:]:
         print(f"    {k['ms_per_step']:8.4f} ms  {k['calls']:6.1f}x  {k['kernel']}")
 
 
