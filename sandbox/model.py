@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from sandbox.config import ModelConfig
 from sandbox.kernels.embedding import embedding
-from sandbox.kernels.swiglu import swiglu
 from sandbox.mixers import Mixer, MixerContext, build_mixer
 
 
@@ -23,7 +23,8 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(hidden, d_model, bias=False)
 
     def forward(self, x):
-        return self.down(swiglu(x, self.up.weight))     # silu(a) * b for [a, b] = up(x), one op
+        a, b = self.up(x).chunk(2, dim=-1)
+        return self.down(F.silu(a) * b)
 
 
 def autocast_input(h: torch.Tensor) -> torch.Tensor:

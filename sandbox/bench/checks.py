@@ -1,10 +1,10 @@
 """Correctness checks of the Triton kernels against the float64 torch reference.
 
 Every kernel family (gate none / scalar / diagonal, with initial and final state, packed
-variable-length segments with empty ones, delta rule, decode, GSA's slot scores, the short convolution,
-SwiGLU's gate) runs on fresh random inputs and is compared with its torch form on the same inputs upcast
-to float64, by ``|out - ref| / |ref|`` for the output, the final state and every gradient; the top-k row
-mask, by the entries where it differs from torch.topk's choice. ``sandbox bench kernels --check`` runs these on the
+variable-length segments with empty ones, delta rule, decode, GSA's slot scores, the short convolution)
+runs on fresh random inputs and is compared with its torch form on the same inputs upcast to float64, by
+``|out - ref| / |ref|`` for the output, the final state and every gradient; the top-k row mask, by the
+entries where it differs from torch.topk's choice. ``sandbox bench kernels --check`` runs these on the
 GPU before timing and refuses to time a kernel that fails (triton 3.4-3.7.0 is known to miscompile some
 gated chunk backward kernels on Hopper).
 """
@@ -163,25 +163,6 @@ def check_short_conv(dtype, device, N=6, T=333, C=400, W=4, G=3) -> dict:
     return {"errors": errs, "ok": all(e <= TOL[dtype] for e in errs.values()), "tol": TOL[dtype]}
 
 
-def check_swiglu(dtype, device, G=3, M=1000, D=128, H=256) -> dict:
-    """SwiGLU's up projection and gate (``triton_swiglu.py``) against its float64 torch form, G weight groups (stacked
-    replicas): the output and the gradients of x and w, at d_model 128 (two K steps) and 80 (a part tile)."""
-    from sandbox.kernels.swiglu import swiglu  # noqa: F401  (registers the ops)
-
-    errs = {}
-    for d in (D, 80):
-        x = torch.randn(G, M, d, device=device).to(dtype).requires_grad_()
-        w = (torch.randn(G, 2 * H, d, device=device) / math.sqrt(d)).to(dtype).requires_grad_()
-        xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
-        y, ry = torch.ops.sandbox.swiglu(x, w), torch.ops.sandbox.swiglu(xr, wr)
-        dy = torch.randn_like(ry)
-        y.backward(dy.to(dtype))
-        ry.backward(dy)
-        errs.update({f"o_D{d}": rel_err(y, ry), f"dx_D{d}": rel_err(x.grad, xr.grad),
-                     f"dw_D{d}": rel_err(w.grad, wr.grad)})
-    return {"errors": errs, "ok": all(e <= TOL[dtype] for e in errs.values()), "tol": TOL[dtype]}
-
-
 def check_loss_and_lookup(dtype, device, N=3000, V=8192) -> dict:
     """The training loss (``triton_cross_entropy.py``) against float64 ``F.cross_entropy``: each row's loss and the
     logits' gradient, at V 8192 (one tile) and 12000 (a second tile, part masked), one row in 10 ignored; and the
@@ -273,7 +254,6 @@ def family_checks(device) -> dict:
         run(f"slot_scores_{str(dtype)[6:]}", dtype, lambda: check_slot_scores(dtype, device))
         run(f"short_conv_{str(dtype)[6:]}", dtype, lambda: check_short_conv(dtype, device))
         run(f"topk_mask_{str(dtype)[6:]}", dtype, lambda: check_topk_mask(dtype, device))
-        run(f"swiglu_{str(dtype)[6:]}", dtype, lambda: check_swiglu(dtype, device))
         run(f"loss_and_lookup_{str(dtype)[6:]}", dtype, lambda: check_loss_and_lookup(dtype, device))
         run(None, dtype, lambda: check_decode(dtype, device))          # several entries of its own
     return out
