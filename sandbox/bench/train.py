@@ -127,8 +127,8 @@ def summarise(name: str, data: dict, new: dict, ref: dict | None, stacked: dict 
     row.update(ms=ms, tokens_per_s=tokens / ms * 1e3, generator_pct=100 * new["generator_ms"] / ms,
                start_s=new["wall_s"] - steps * ms / 1e3)
     prof = new.get("profile", [])
-    gen = next((i for i, k in enumerate(prof) if k["kernel"].startswith("GENERATOR")), None)
-    if gen is not None and gen + 1 < len(prof):   # the GPU time its kernels add to each step
+    gen = _generator_row(prof)
+    if gen < len(prof) - 1:   # the GPU time its kernels add to each step
         row["generator_gpu_pct"] = 100 * prof[gen + 1]["ms_per_step"] / ms
     if new["peak_gib"] is not None:
         row["peak_gib"] = new["peak_gib"]
@@ -288,7 +288,8 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
               f"{minutes:.1f} GPU-minutes" + _against_ref(row), flush=True)
         print_profile(res)
         if res.get("profile"):
-            (out / name / "profile.json").write_text(json.dumps({"kernels": res["profile"], "by_op": res["by_op"]}))
+            (out / name / "profile.json").write_text(json.dumps({"kernels": res["profile"],
+                                                                    "by_op_one_replica": res["by_op"]}))
     return _write_estimate(path, rows, torch.cuda.get_device_name(), torch.__version__, steps, len(names), out)
 
 
@@ -360,11 +361,16 @@ def minutes_compiling_ahead(rows: list[dict]) -> float:
     return t / 60
 
 
+def _generator_row(prof: list[dict]) -> int:
+    """Where a profile's generator block starts (its marker row; the step's kernels come before it)."""
+    return next((i for i, k in enumerate(prof) if k["kernel"].startswith("GENERATOR")), len(prof))
+
+
 def print_profile(res: dict) -> None:
     """The 40 largest kernels of a timed run's step (``--profile``; the json keeps them all), and the
     generator's."""
     rows = res.get("profile", [])
-    cut = next((i for i, k in enumerate(rows) if k["kernel"].startswith("GENERATOR")), len(rows))
+    cut = _generator_row(rows)
     for k in rows[:min(cut, 41)] + rows[cut:]:
         print(f"    {k['ms_per_step']:8.4f} ms  {k['calls']:6.1f}x  {k['kernel']}")
 
