@@ -92,7 +92,7 @@ class _Run:
         self.setup_s, self.eval_s = 0.0, 0.0
         self.precompiled = None          # whether a helper had compiled the step before the stack compiled it
 
-    def load(self, opt, device) -> None:
+    def load(self, step, r: int, device) -> None:
         if not self.ckpt.exists():
             from torch.utils.tensorboard.summary import hparams as hparams_summary
             # hparams in the run's own folder (add_hparams would create a sub-run)
@@ -103,11 +103,13 @@ class _Run:
         if ckpt["config"] != self.config:
             raise ValueError(f"{self.out}: holds a checkpoint of a different config; choose another --out")
         self.model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
+        step.load_optimizer_state(r, ckpt["optimizer"])
         self.state = ckpt["state"]
 
-    def save(self, opt) -> None:
-        torch.save({"model": self.model.state_dict(), "optimizer": opt.state_dict(), "state": self.state,
+    def save(self, step, r: int) -> None:
+        # copies: the parameters are views of the stack's flat weights, which torch.save would store whole
+        model = {k: v.clone() for k, v in self.model.state_dict().items()}
+        torch.save({"model": model, "optimizer": step.optimizer_state(r), "state": self.state,
                     "config": self.config}, self.ckpt)
 
     def result(self, replicas: int = 1) -> dict:
@@ -210,8 +212,8 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
     # stacks of later groups outlives this one
     helper, ahead, want_compile = None, [], False
     runs = [_Run(c, o, t, m, t_start) for c, o, t, m in zip(cfgs, outs, group.tasks, group.models)]
-    for run, opt in zip(runs, step.opts):
-        run.load(opt, device)
+    for r, run in enumerate(runs):
+        run.load(step, r, device)
     start = runs[0].state["step"]           # train_replicas groups the runs by their checkpoints' step
     step.start_at(start)
     if step.compiled:                       # train.compile: true, or a kind compiled before (warm caches)
@@ -227,7 +229,7 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
         step.freeze(r)
         active.remove(r)
         if status != "diverged":                         # keep the last finite checkpoint
-            runs[r].save(step.opts[r])
+            runs[r].save(step, r)
         results[r] = runs[r].finish(status, error, R)
 
     def do_eval(r, s) -> None:
@@ -243,7 +245,7 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
         for k, v in metrics.items():
             run.writer.add_scalar(k, v, s)
         run.writer.flush()
-        run.save(step.opts[r])
+        run.save(step, r)
         run.eval_s += time.perf_counter() - t_eval
         try:
             if callbacks[r] is not None:
@@ -289,6 +291,7 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
                 last = s == tc.steps
                 if s % tc.log_every == 0 or last or s % tc.eval_every == 0:
                     losses = (step.loss_sum / n_acc).tolist()        # the one sync per log interval
+                    lrs = step.lr.tolist()
                     now = time.perf_counter()
                     sps = (s - steps_at_log) / max(now - t_log, 1e-9)
                     for r in list(active):
@@ -298,7 +301,7 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
                             stop(r, "diverged", f"loss became {losses[r]} at step {s} (lr {run.cfg.train.lr:g})")
                             continue
                         run.writer.add_scalar("train/loss", losses[r], s)
-                        run.writer.add_scalar("train/lr", float(step.lrs[r]), s)
+                        run.writer.add_scalar("train/lr", lrs[r], s)
                         run.writer.add_scalar("perf/steps_per_sec", sps, s)
                     step.loss_sum.zero_()
                     n_acc = 0
@@ -322,7 +325,7 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
                         t_from, ready, steady = time.perf_counter(), False, False
                     if steady and worth_regrouping(len(active), R, tc.steps - s, 1 / max(sps, 1e-9), setup_s):
                         for r in active:         # hand the running replicas back, to go on as a smaller group
-                            runs[r].save(step.opts[r])
+                            runs[r].save(step, r)
                             runs[r].writer.close()
                         return results
                     t_log = time.perf_counter()
@@ -331,7 +334,7 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
             stop(r, "completed")
     except KeyboardInterrupt:
         for r in list(active):
-            runs[r].save(step.opts[r])
+            runs[r].save(step, r)
             results[r] = runs[r].finish("interrupted", "interrupted; rerun with the same --out to resume", R)
         raise
     except BaseException as e:

@@ -1,12 +1,13 @@
 """One training step of R replicas of a model, eager or replayed from one CUDA graph.
 
-A replica is a whole ``LanguageModel`` with its own AdamW; replicas share the architecture and
-differ in weights (seed) and learning rate. With R > 1 their parameters are stacked for the
-forward and ``torch.func.vmap`` runs the model once over all of them: every matrix product becomes
-a batched one and the recurrence kernels see one batch of R * B sequences (their custom ops fold
-the replicas in). The backward of the summed losses gives every replica its own gradients. Each
-replica's gradients are clipped on their own and its AdamW (fused, with the learning rate as a
-device tensor) steps it.
+A replica is a whole ``LanguageModel``; replicas share the architecture and differ in weights
+(seed) and learning rate. Their weights live in one [R, P] tensor (``StackedAdamW``, adamw.py), of
+which each model's parameters are views. With R > 1, ``torch.func.vmap`` runs the model once over
+all replicas, each weight an [R, ...] piece of that tensor: every matrix product becomes a batched
+one and the recurrence kernels see one batch of R * B sequences (their custom ops fold the
+replicas in). The backward of the summed losses is one [R, P] gradient; each replica's row is
+clipped to its own norm and AdamW steps all rows at once, with the learning rates as a device
+tensor.
 
 So a whole step - forward, backward, clipping, optimizer, schedule and the running loss - is
 device work with no host read (the learning rates are a table indexed by a step counter on the
@@ -38,6 +39,7 @@ from typing import Callable
 import torch
 
 from sandbox.kernels.cross_entropy import IGNORE, cross_entropy
+from sandbox.train.adamw import StackedAdamW
 
 
 # The kinds of step this process compiled since Dynamo's cache was last dropped. A sweep worker trains one
@@ -151,30 +153,6 @@ def scored_positions(targets: torch.Tensor, per_row: int | None):
     return pos, targets.gather(1, pos)
 
 
-@torch.library.custom_op("sandbox::stack_replicas", mutates_args=())
-def stack_replicas(ps: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.stack`` of the replicas' copies of a weight, whose gradient comes back as contiguous slices of one
-    contiguous [R, ...] tensor. A stack's weight gradients come out of their batched products transposed
-    ([R, in, out] memory for an [out, in] weight), and AdamW's fused kernel needs each replica's gradient
-    contiguous: copied one replica at a time, that was 171 copy kernels per step at a stack of 9 GLA runs.
-    Made contiguous inside the compiled backward, it is one copy per weight. A custom op, not an
-    ``autograd.Function``: AOTAutograd's on-disk cache bypasses graphs that hold one, and every stack would
-    compile from scratch."""
-    return torch.stack(ps)
-
-
-@stack_replicas.register_fake
-def _stack_fake(ps):
-    return ps[0].new_empty(len(ps), *ps[0].shape)
-
-
-def _stack_backward(ctx, g):
-    return list(g.contiguous().unbind(0))
-
-
-stack_replicas.register_autograd(_stack_backward, setup_context=lambda ctx, inputs, output: None)
-
-
 class Step:
     """``step(x, y)``: one training step of every replica.
 
@@ -190,28 +168,18 @@ class Step:
         self.models, self.R, self.kind = models, len(models), kind
         tc = train_cfgs[0]
         self.steps, self.warmup_frac = tc.steps, tc.warmup_frac
-        self.clip = [c.grad_clip for c in train_cfgs]
         self.per_row, self.autocast_dtype = per_row, autocast_dtype
         p0 = next(models[0].parameters())
         self.device = p0.device
-        cuda = self.device.type == "cuda"
         # the learning rate of every replica at every step, looked up on the device by the step counter
         factor = lr_factor(torch.arange(self.steps + 1, dtype=torch.float64), self.steps, self.warmup_frac)
         self.lr_table = (torch.tensor([c.lr for c in train_cfgs], dtype=torch.float64)[:, None] * factor[None, :]
                          ).float().to(self.device)                           # [R, steps + 1]
         self.counter = torch.zeros(1, dtype=torch.int64, device=self.device)   # the step being taken
         self.lr = torch.zeros(self.R, dtype=torch.float32, device=self.device)
-        self.lrs = list(self.lr.unbind())          # 0-dim views, one per replica's AdamW
-        self.opts = []
-        for m, c, lr in zip(models, train_cfgs, self.lrs):
-            decay = [p for p in m.parameters() if p.dim() >= 2]
-            no_decay = [p for p in m.parameters() if p.dim() < 2]
-            self.opts.append(torch.optim.AdamW(
-                [{"params": decay, "weight_decay": c.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                lr=lr, betas=tuple(c.betas), fused=True, capturable=cuda))
-        self.params = [p for m in models for p in m.parameters()]
+        # every replica's weights in one [R, P] tensor (the models' parameters become views of its rows)
+        self.optimizer = StackedAdamW(models, train_cfgs, self.lr)
         self.loss_sum = torch.zeros(self.R, device=self.device)
-        self.names = [n for n, _ in models[0].named_parameters()]
         self.buffer_names = [n for n, _ in models[0].named_buffers()]
         self.forward, self.compiled = self._losses, False
         self.capture_after = capture_after
@@ -233,15 +201,20 @@ class Step:
             if self.kind is not None:
                 _compiled_kinds.add(self.kind)
         self.forward, self.compiled = torch.compile(self._losses, dynamic=False, options=compile_options()), True
+        self.optimizer.compile()
         self.graph, self.calls = None, 0
 
     # -- state that lives outside the graph ------------------------------------------------------
     def start_at(self, step: int) -> None:
         """Continue a run at ``step`` (after loading the replicas' checkpoints)."""
         self.counter.fill_(min(step, self.steps))
-        for opt, lr in zip(self.opts, self.lrs):     # a loaded state dict brings its own lr objects
-            for group in opt.param_groups:
-                group["lr"] = lr
+
+    def optimizer_state(self, r: int) -> dict:
+        """Replica r's AdamW state (a torch AdamW ``state_dict``, for its checkpoint)."""
+        return self.optimizer.state_dict(r, int(self.counter))
+
+    def load_optimizer_state(self, r: int, state: dict) -> None:
+        self.optimizer.load_state_dict(r, state)
 
     def freeze(self, r: int) -> None:
         """Replica r trains no further (its learning rate is zero from the next step)."""
@@ -250,14 +223,14 @@ class Step:
     # -- the step --------------------------------------------------------------------------------
     def _losses(self, x, y):
         """(sum of the replicas' total losses, per-replica losses [R])."""
+        params = self.optimizer.weights()       # [R, ...] pieces of the flat weights
         if self.R == 1:
             m = self.models[0]
             pos, y = scored_positions(y, self.per_row)
-            logits, aux = m(x, pos), m.aux_loss()
+            logits = torch.func.functional_call(m, {n: p[0] for n, p in params.items()}, (x, pos))
+            aux = m.aux_loss()
             loss = cross_entropy(logits, y).sum() / (y != IGNORE).sum()
             return (loss + aux if aux is not None else loss), loss[None]
-        weights = zip(*(m.parameters() for m in self.models))
-        params = {n: stack_replicas(list(ps)) for n, ps in zip(self.names, weights)}
         buffers = {n: torch.stack(bs) for n, bs in zip(self.buffer_names, zip(*(m.buffers() for m in self.models)))}
         base = self.models[0]
 
@@ -297,18 +270,12 @@ class Step:
         with concat_kernels() if self.compiled else contextlib.nullcontext():  # compiles forward, then backward
             with self._attention_backends(), self.autocast():
                 total, loss = self.forward(x, y)
-            # the gradients as autograd hands them over: a stack's are views of one [R, ...] tensor per weight, which
-            # backward() would copy into each replica's .grad one launch at a time (171 at a stack of 9 GLA runs)
-            grads = torch.autograd.grad(total, self.params, allow_unused=True)
-        for p, g in zip(self.params, grads):
-            p.grad = g if g is None or g.is_contiguous() else g.contiguous()
+            # the whole gradient as one [R, P] tensor (the backward of the split in ``weights()``)
+            grad, = torch.autograd.grad(total, [self.optimizer.flat])
         self.loss_sum += loss.detach()
         self.lr.copy_(self.lr_table.index_select(1, self.counter)[:, 0])
-        for r, (m, opt) in enumerate(zip(self.models, self.opts)):
-            if self.clip[r] > 0:
-                torch.nn.utils.clip_grad_norm_(m.parameters(), self.clip[r], foreach=True)
-            opt.step()
         self.counter.add_(1).clamp_(max=self.steps)
+        self.optimizer.step(grad, self.counter[0])
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
         self.calls += 1
@@ -352,7 +319,3 @@ class Step:
         finally:
             if collecting:
                 gc.enable()
-        unused = sum(p.grad is None for p in self.params)
-        if unused:
-            raise RuntimeError(f"CUDA graph: {unused} parameters got no gradient in the captured step "
-                               f"(they would never be trained); set train.cuda_graph: false")
