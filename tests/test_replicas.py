@@ -54,6 +54,9 @@ def test_stacked_replicas_equal_solo_runs(tmp_path, model):
     for i, c in enumerate(cfgs):
         train(c, tmp_path / "solo" / str(i), progress=False)
     assert_same_runs(tmp_path / "stacked", tmp_path / "solo", 3)
+    # a replica's checkpoint holds its own weights, not the stack's (its parameters are views of the stack's)
+    size = [(tmp_path / d / "0" / "checkpoint.pt").stat().st_size for d in ("stacked", "solo")]
+    assert size[0] < 1.1 * size[1], size
     # different learning rates really trained differently
     a, b = weights(tmp_path / "stacked" / "0"), weights(tmp_path / "stacked" / "1")
     assert not torch.equal(a["embed.weight"], b["embed.weight"])
