@@ -300,6 +300,7 @@ def test_topk_mask_kernel_chooses_what_topk_and_the_pairwise_count_choose(rows, 
     got = topk_mask_triton(x, k)
     assert got.dtype == torch.bool and got.shape == x.shape
     assert torch.equal(got, want) and torch.equal(_pairwise(x, k), want)
+    assert torch.equal(topk_mask_triton(x - c // 2, k), want)          # negative keys at the cut
     ties = torch.tensor([[1.0, 3.0, 3.0, 3.0, 0.0], [2.0] * 5], dtype=dtype)
     assert topk_mask_triton(ties, 2).tolist() == [[False, True, True, False, False], [True, True, False, False, False]]
     many = torch.randint(-3, 4, (rows, c), generator=g_).to(dtype)    # ties everywhere, across the cut too
