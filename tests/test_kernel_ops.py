@@ -308,6 +308,24 @@ def test_topk_mask_kernel_chooses_what_topk_and_the_pairwise_count_choose(rows, 
     assert torch.equal(topk_mask_triton(many, k), _pairwise(many, k))
 
 
+def test_topk_mask_kernel_reads_a_slice_of_a_wider_tensor_in_place_as_its_copy():
+    """The kernel reads rows through two strides: the [B, T, H, c] columns of a fused projection's [B, T, width]
+    output (no copy), a transposed stack whose rows need three strides (copied first), and the same rows
+    contiguous all give one mask."""
+    from sandbox.kernels.triton_topk_mask import _row_strides, topk_mask_triton
+    g_ = torch.Generator().manual_seed(3)
+    B, T, H, c, width = 3, 5, 2, 32, 100
+    proj = torch.randn(B, T, width, generator=g_)
+    x = proj[..., 7:7 + H * c].view(B, T, H, c)
+    assert _row_strides(x) == (H, width, c)
+    want = topk_mask_triton(x.contiguous(), 8)
+    assert torch.equal(topk_mask_triton(x, 8), want)
+    stacked = torch.randn(T, 4, B, H, c, generator=g_).transpose(0, 2)        # [B, 4, T, H, c], 3 strides
+    assert _row_strides(stacked) is None
+    assert torch.equal(topk_mask_triton(stacked, 8), topk_mask_triton(stacked.contiguous(), 8))
+    assert torch.equal(want, torch.zeros_like(want).scatter_(-1, x.topk(8, dim=-1).indices, True))
+
+
 def test_topk_mask_op_passes_opcheck_and_folds_replicas_under_vmap():
     from sandbox.kernels.topk_mask import topk_mask
     x = torch.randn(3, 4, 2, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(2))

@@ -19,12 +19,14 @@ ENTRIES = 4096      # entries held per program (rows x padded columns)
 
 
 @triton.jit
-def _topk_mask(x, out, n_rows, c, k, BR: tl.constexpr, BC: tl.constexpr, BITS: tl.constexpr):
+def _topk_mask(x, out, n_rows, c, k, inner, s_outer, s_inner, BR: tl.constexpr, BC: tl.constexpr,
+               BITS: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BC)
     m = (rows < n_rows)[:, None] & (cols < c)[None, :]
     base = rows[:, None] * c + cols[None, :]
-    v = tl.load(x + base, mask=m, other=0.0).to(tl.float32)
+    at_x = ((rows // inner) * s_outer + (rows % inner) * s_inner)[:, None] + cols[None, :]
+    v = tl.load(x + at_x, mask=m, other=0.0).to(tl.float32)
     v = tl.where(v == 0.0, 0.0, v)                              # -0.0 is +0.0, as comparisons have it
     b = v.to(tl.int32, bitcast=True)
     o = b ^ ((b >> 31) & 0x7FFFFFFF)                            # signed integer order = float order
@@ -49,15 +51,39 @@ def _topk_mask(x, out, n_rows, c, k, BR: tl.constexpr, BC: tl.constexpr, BITS: t
     tl.store(out + base, chosen.to(tl.int8), mask=m)
 
 
+def _row_strides(x: torch.Tensor):
+    """(inner, outer stride, inner stride) that address every row of x [..., c] (entries contiguous) as
+    outer * (r // inner) + inner_stride * (r % inner), or None. A slice of a fused projection's output
+    (``[B, T, H, c]`` columns of ``[B, T, width]``) qualifies; copied contiguous, it took 0.12 ms a call at a
+    stack of 9 Figure 8 GLA runs on the H200."""
+    if x.stride(-1) != 1 and x.shape[-1] > 1:
+        return None
+    dims = [(n, st) for n, st in zip(x.shape[:-1], x.stride()[:-1]) if n != 1]
+    merged: list[list[int]] = []
+    for n, st in dims:                       # merge a dim into the one before when it continues its stride
+        if merged and merged[-1][1] == n * st:
+            merged[-1] = [merged[-1][0] * n, st]
+        else:
+            merged.append([n, st])
+    if len(merged) > 2:
+        return None
+    while len(merged) < 2:
+        merged.insert(0, [1, 0])
+    return merged[1][0], merged[0][1], merged[1][1]
+
+
 def topk_mask_triton(x: torch.Tensor, k: int) -> torch.Tensor:
     """x [..., c] in 16/32-bit floats: the mask of each row's k largest entries, torch.bool, x's shape."""
     c = x.shape[-1]
-    x2 = x.reshape(-1, c).contiguous()
-    n = x2.shape[0]
+    strides = _row_strides(x)
+    if strides is None:
+        x = x.contiguous()
+        strides = _row_strides(x)
+    n = x.numel() // max(c, 1)
     out = torch.empty(n, c, dtype=torch.int8, device=x.device)
     BC = triton.next_power_of_2(c)
     BR = max(1, min(ENTRIES // BC, triton.next_power_of_2(max(n, 1))))
     if n:
-        _topk_mask[(triton.cdiv(n, BR),)](x2, out, n, c, k, BR=BR, BC=BC, BITS=8 * min(x.element_size(), 4),
-                                          num_warps=4)
+        _topk_mask[(triton.cdiv(n, BR),)](x, out, n, c, k, *strides, BR=BR, BC=BC,
+                                          BITS=8 * min(x.element_size(), 4), num_warps=4)
     return out.view(torch.bool).view(x.shape)
