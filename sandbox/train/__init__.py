@@ -3,7 +3,8 @@ learning rate and seed, trained as one stacked model, each with its own director
 
 loop.py   the run loop: evaluation, early stop, checkpoints, TensorBoard, results
 group.py  what a stack of runs trains with (models, step, batch pools) and when to compile or regroup
-step.py   one step of R replicas: vmap over stacked weights, per-replica AdamW and schedule, one CUDA graph
+step.py   one step of R replicas: vmap over stacked weights, the learning-rate schedule, one CUDA graph
+adamw.py  the replicas' weights as one [R, P] tensor, and AdamW with per-replica clipping over it
 precompile.py  a helper process that compiles a stack's step while the stack trains uncompiled
 """
 from sandbox.train.group import Group, build, resolve_device, stack_key, use_compile, use_cuda_graph
