@@ -14,6 +14,7 @@ groups (the weights that decay, then the rest), the format of the runs' checkpoi
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -44,15 +45,10 @@ def update_(flat, grad, norm, exp_avg, exp_avg_sq, lr, t, clip, *, betas, eps: f
     flat.sub_(step_size * exp_avg / denom)
 
 
-_compiled_update = None
-
-
+@functools.cache
 def compiled_update():
     """``update_`` through ``torch.compile`` (one compilation per shape, kept by Dynamo's cache)."""
-    global _compiled_update
-    if _compiled_update is None:
-        _compiled_update = torch.compile(update_, dynamic=False)
-    return _compiled_update
+    return torch.compile(update_, dynamic=False)
 
 
 class StackedAdamW:
