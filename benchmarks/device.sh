@@ -28,7 +28,8 @@
 #   repeat RESULT [N] [ARGS] train the configuration that RESULT (a trial's result.json) recorded N times
 #                            (default 3), each alone (ARGS: `sandbox train` options, e.g. --set
 #                            train.compile=false), and list each repeat's accuracy beside the recorded one:
-#                            does the same configuration give the same result on this GPU?
+#                            does the same configuration give the same result on this GPU? COLD=1: each repeat
+#                            compiles into empty Inductor and Triton caches of its own (as on a fresh machine)
 #   collect DIR...           tar the named directories into $OUT/collect.tar.gz
 #
 # What the GPU image lacks travels with the call: Python wheels in .whl/ (optuna and its needs, fla:
@@ -113,11 +114,16 @@ inspect)
     ;;
 repeat)
     src="$1"; n="${2:-3}"; shift; shift || true
-    rm -rf /tmp/repeat && mkdir -p /tmp/repeat
+    rm -rf /tmp/repeat /tmp/repeat-cache && mkdir -p /tmp/repeat
     python3 -c "import json, sys, yaml; c = json.load(open(sys.argv[1]))['config']; c['name'] = 'repeat'
 yaml.safe_dump(c, open('/tmp/repeat/config.yaml', 'w'))" "$src" || exit 1
     for i in $(seq 1 "$n"); do
-        sandbox train /tmp/repeat/config.yaml --out "/tmp/repeat/$i" --no-progress "$@" 2>&1 | tail -n 2
+        if [ "${COLD:-}" = 1 ]; then
+            TORCHINDUCTOR_CACHE_DIR="/tmp/repeat-cache/$i/inductor" TRITON_CACHE_DIR="/tmp/repeat-cache/$i/triton" \
+                python3 -m sandbox.cli train /tmp/repeat/config.yaml --out "/tmp/repeat/$i" --no-progress "$@" 2>&1 | tail -n 2
+        else
+            sandbox train /tmp/repeat/config.yaml --out "/tmp/repeat/$i" --no-progress "$@" 2>&1 | tail -n 2
+        fi
     done
     python3 - "$src" /tmp/repeat > "$OUT/repeat.txt" <<'EOF'
 import json, sys

@@ -220,3 +220,47 @@ def test_the_compiled_step_writes_concatenated_pieces_in_place_not_through_one_m
     ref = f(a.double(), b.double(), w.double())
     torch.testing.assert_close(out2.double(), ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out2, out, rtol=1e-5, atol=1e-5)
+
+
+_COMPILED_STEPS = """
+import hashlib, sys
+import torch
+from sandbox.config import load_config
+from sandbox.train import build
+from sandbox.train import step as step_module
+if sys.argv[1] == "timed":                 # the code before: Inductor times the reductions' configs
+    step_module.DETERMINISM = {}
+data = {"task": {"name": "mqar", "seq_len": 64, "num_kv_pairs": 8, "vocab_size": 512, "test_examples": 64},
+        "model": {"mixer": "gla", "d_model": 128, "n_layers": 2, "n_heads": 2, "channel_mixer": "swiglu"},
+        "train": {"steps": 12, "batch_size": 128, "lr": 3e-3, "early_stop": None}}
+cfg = load_config(data=data)
+task, m = build(cfg, torch.device("cuda"))
+step = step_module.Step([m], [cfg.train], per_row=getattr(task, "max_targets", None),
+                        autocast_dtype=torch.bfloat16, capture_after=2, compile=True)
+for i in range(12):
+    step(*task.sample(128, index=i))
+torch.cuda.synchronize()
+print(hashlib.sha1(step.optimizer.flat.detach().cpu().numpy().tobytes()).hexdigest())
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Inductor times kernel configs on a GPU only")
+def test_a_compiled_step_trains_the_same_bits_whatever_inductor_measures(tmp_path):
+    """Two processes compile the same step from empty caches; in one, Inductor's timings of the candidate
+    kernel configs are inverted (``TORCHINDUCTOR_DISTORT_BENCHMARKING_RESULT``: it picks the slowest), as a
+    busy or another GPU might time them. With the step's options the weights after 12 steps are the same
+    bits; with Inductor timing the reductions' configs (the code before), they are not."""
+    import os
+    import subprocess
+    import sys
+
+    def weights(mode: str, distort: str) -> str:
+        cache = tmp_path / f"{mode}-{distort or 'plain'}"
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"),
+                   TORCHINDUCTOR_DISTORT_BENCHMARKING_RESULT=distort)
+        p = subprocess.run([sys.executable, "-c", _COMPILED_STEPS, mode], env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return p.stdout.split()[-1]
+
+    assert weights("fixed", "") == weights("fixed", "inverse")
+    assert weights("timed", "") != weights("timed", "inverse"), "the control drew no difference"

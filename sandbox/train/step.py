@@ -95,11 +95,20 @@ def forget_compilations() -> None:
 CONCAT_OPTIONS = {"max_pointwise_cat_inputs": 0, "max_complex_pointwise_cat_inputs": 0}
 
 
+# Inductor times a reduction kernel's candidate configs (its block size along the reduced dimension, its warps)
+# on the GPU the first time the kernel runs and keeps the fastest; those differ in the order they add, so two
+# processes that compile the same step from empty caches could pick differently and train different bits (a
+# stack of 9 Figure 8 runs ended 150 steps 7.1e-3 apart in session 33, results/throughput/). Its deterministic
+# mode (torch >= 2.10) picks those by a fixed rule instead and times only what does not change the sums.
+DETERMINISM = {"deterministic": True}
+
+
 def compile_options() -> dict:
     """``torch.compile`` options of the step: the concatenations as ConcatKernels, where torch has the setting
-    (``max_pointwise_cat_inputs`` alone, in 2.11, only keys the on-disk caches apart from the code before)."""
+    (``max_pointwise_cat_inputs`` alone, in 2.11, only keys the on-disk caches apart from the code before), and
+    reductions compiled the same way in every process."""
     from torch._inductor import config
-    return {k: v for k, v in CONCAT_OPTIONS.items() if hasattr(config, k)}
+    return {k: v for k, v in {**CONCAT_OPTIONS, **DETERMINISM}.items() if hasattr(config, k)}
 
 
 @contextlib.contextmanager
