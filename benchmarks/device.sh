@@ -69,8 +69,10 @@ bench-kernels)
     ;;
 bench-train)
     ref=${REF:+.ref/$REF/}; ref=${ref:-$(ls -td .ref/*/ 2>/dev/null | head -n 1)}; [ "${REF:-}" = none ] && ref=
+    rm -rf /tmp/bench_train    # an earlier call's bench.json would come back as this one's
     sandbox bench train ${ref:+--ref "$ref"} --out /tmp/bench_train "$@" 2>&1 | tee "$OUT/bench_train.txt"
     cp /tmp/bench_train/bench.json "$OUT/bench_train.json" 2>/dev/null
+    cp /tmp/bench_train/estimate.json "$OUT/estimate.json" 2>/dev/null          # with --sweep
     tar -czf "$OUT/bench_train_logs.tar.gz" --exclude='*.pt' --exclude='events.*' -C /tmp bench_train
     ;;
 bench-sweep)

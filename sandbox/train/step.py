@@ -99,7 +99,7 @@ CONCAT_OPTIONS = {"max_pointwise_cat_inputs": 0, "max_complex_pointwise_cat_inpu
 # on the GPU the first time the kernel runs and keeps the fastest; those differ in the order they add, so two
 # processes that compile the same step from empty caches could pick differently and train different bits (a
 # stack of 9 Figure 8 runs ended 150 steps 7.1e-3 apart in session 33, results/throughput/). Its deterministic
-# mode (torch >= 2.10) picks those by a fixed rule instead and times only what does not change the sums.
+# mode (in torch 2.11 and 2.13) picks those by a fixed rule instead and times only what does not change the sums.
 DETERMINISM = {"deterministic": True}
 
 
