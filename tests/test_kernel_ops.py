@@ -161,9 +161,9 @@ def _mqar_like_ids(n, vocab, seed):
                                        (torch.float32, 300, 40000), (torch.float32, 300, 2)])
 def test_embedding_grad_kernel_equals_a_float64_loop(dtype, N, V):
     """N 300: neither N nor D a multiple of the 64 x 64 tile, 0 in every tile. N 9000: the filler's
-    run spans about 112 tiles of one token, more than one block of 64 tile sums; some tokens do not occur.
-    V 40000: a table too tall for int16 sort keys (stacked replicas' tables are R vocabularies tall). V 2:
-    tokens 0 and 1 only, so the last, partial tile holds one token (1) and is summed without the product."""
+    run spans about 112 tiles, more than one block of 64 tile sums; some tokens do not occur. V 40000:
+    a table too tall for int16 sort keys (stacked replicas' tables are R vocabularies tall). V 2: tokens 0
+    and 1 only, so the last, partial tile holds one token."""
     from sandbox.kernels.triton_embedding import embedding_grad_triton
     D = 80
     ids = _mqar_like_ids(N, V, 0)

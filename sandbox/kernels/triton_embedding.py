@@ -13,8 +13,7 @@ fixed:
    per byte of key, and int64 ids cost four times the passes of int16;
 2. ``_tile_sums``: each program takes BT sorted positions and BD columns, sums each token's rows
    inside the tile with one small matrix product (``[tok_i == tok_j] @ grad``) and stores the sum at
-   the run's first position in the tile. A tile of one token (most of them: MQAR's filler takes 60-90%
-   of the positions) sums its rows without the product. The programs of the first column block also write where
+   the run's first position in the tile. The programs of the first column block also write where
    each token's run starts and ends (one writer per token, so no search over the sorted ids);
 3. ``_row_sums``: each program takes one table row and BD columns and adds its token's tile sums in
    tile order, BLK tiles at a time (the filler token of MQAR spans most tiles).
@@ -58,15 +57,11 @@ def _tile_sums(ids, perm, grad, part, bounds, N, D, R, BT: tl.constexpr, BD: tl.
     tok = tl.load(ids + rows, mask=mr, other=-1)
     src = tl.load(perm + rows, mask=mr, other=0).to(tl.int64)
     g = tl.load(grad + src[:, None] * D + cols[None, :], mask=mr[:, None] & mc[None, :], other=0.0).to(tl.float32)
+    same = (tok[:, None] == tok[None, :]) & mr[:, None] & mr[None, :]             # [BT, BT]
+    summed = tl.dot(same.to(tl.float32), g, input_precision="ieee")             # row i: its token's tile sum
     prev = tl.load(ids + rows - 1, mask=mr & (rows > 0), other=-2)
-    row0 = tl.program_id(0) * BT
-    if tl.load(ids + row0) == tl.load(ids + tl.minimum(row0 + BT, N) - 1):     # one token fills the tile
-        tl.store(part + row0.to(tl.int64) * D + cols, tl.sum(g, axis=0), mask=mc)
-    else:
-        same = (tok[:, None] == tok[None, :]) & mr[:, None] & mr[None, :]         # [BT, BT]
-        summed = tl.dot(same.to(tl.float32), g, input_precision="ieee")         # row i: its token's tile sum
-        first = mr & ((i == 0) | (prev != tok))                                   # a run starts here
-        tl.store(part + rows.to(tl.int64)[:, None] * D + cols[None, :], summed, mask=first[:, None] & mc[None, :])
+    first = mr & ((i == 0) | (prev != tok))                                       # a run starts here
+    tl.store(part + rows.to(tl.int64)[:, None] * D + cols[None, :], summed, mask=first[:, None] & mc[None, :])
     if tl.program_id(1) == 0:                                                     # bounds[0]: start, [1]: end
         nxt = tl.load(ids + rows + 1, mask=rows + 1 < N, other=-2)
         t = tok.to(tl.int64)
