@@ -120,12 +120,10 @@ repeat)
     python3 -c "import json, sys, yaml; c = json.load(open(sys.argv[1]))['config']; c['name'] = 'repeat'
 yaml.safe_dump(c, open('/tmp/repeat/config.yaml', 'w'))" "$src" || exit 1
     for i in $(seq 1 "$n"); do
-        if [ "${COLD:-}" = 1 ]; then
-            TORCHINDUCTOR_CACHE_DIR="/tmp/repeat-cache/$i/inductor" TRITON_CACHE_DIR="/tmp/repeat-cache/$i/triton" \
-                python3 -m sandbox.cli train /tmp/repeat/config.yaml --out "/tmp/repeat/$i" --no-progress "$@" 2>&1 | tail -n 2
-        else
-            sandbox train /tmp/repeat/config.yaml --out "/tmp/repeat/$i" --no-progress "$@" 2>&1 | tail -n 2
-        fi
+        caches=(); [ "${COLD:-}" = 1 ] && caches=(TORCHINDUCTOR_CACHE_DIR="/tmp/repeat-cache/$i/inductor" \
+                                                   TRITON_CACHE_DIR="/tmp/repeat-cache/$i/triton")
+        env "${caches[@]}" python3 -m sandbox.cli train /tmp/repeat/config.yaml --out "/tmp/repeat/$i" --no-progress \
+            "$@" 2>&1 | tail -n 2
     done
     python3 - "$src" /tmp/repeat > "$OUT/repeat.txt" <<'EOF'
 import json, sys
