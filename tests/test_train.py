@@ -1,5 +1,7 @@
 """One training run: it learns, resumes to the same weights, logs to TensorBoard, reports NaN."""
 import json
+import os
+import signal
 
 import pytest
 import torch
@@ -23,6 +25,43 @@ def test_interrupted_run_resumes_to_identical_weights(tmp_path):
 
     first = train(cfg, tmp_path / "b", progress=False, on_eval=stop_at_20)
     assert first["status"] == "stopped" and first["steps"] == 20
+    resumed = train(cfg, tmp_path / "b", progress=False)
+    assert resumed["status"] == "completed" and resumed["steps"] == 40
+    a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["model"]
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert resumed["final_accuracy"] == straight["final_accuracy"]
+
+
+class _CtrlCWhenPickled:
+    """Stored in a checkpoint: Ctrl-C arrives while torch.save writes the file."""
+
+    def __reduce__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        return int, (0,)
+
+
+def test_a_ctrl_c_while_the_interrupt_saves_leaves_the_checkpoint_before(tmp_path, monkeypatch):
+    """A second Ctrl-C (a sweep worker gets one from its launcher and one from its storage guard) can come
+    while the first one's checkpoint is being written. The checkpoint of step 20's evaluation stays whole,
+    and the run resumes from it to the weights of a straight run."""
+    from sandbox.train.step import Step
+    cfg = load_config(data=TINY)
+    straight = train(cfg, tmp_path / "a", progress=False)
+    optimizer_state = Step.optimizer_state
+
+    def ctrl_c_at_20(step, metrics):            # held until step 21 begins; its save then gets the second
+        if step == 20:
+            os.kill(os.getpid(), signal.SIGINT)
+            monkeypatch.setattr(Step, "optimizer_state",
+                                lambda self, r: {**optimizer_state(self, r), "cut": _CtrlCWhenPickled()})
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "b", progress=False, on_eval=ctrl_c_at_20)
+    monkeypatch.undo()
+    assert torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["state"]["step"] == 20
+    assert [p.name for p in (tmp_path / "b").glob(".*.tmp")] == []
     resumed = train(cfg, tmp_path / "b", progress=False)
     assert resumed["status"] == "completed" and resumed["steps"] == 40
     a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)["model"]

@@ -65,6 +65,8 @@ class _Worker:
         self._kinds: dict[int, tuple[str | None, str, int | None]] = {}  # number -> (stack key, family, steps)
 
     def on_signal(self, signum, frame):
+        if self.stop:           # a stop is under way: the launcher and the storage guard may both ask for it,
+            return              # and a second KeyboardInterrupt would cut off the checkpoints the first one saves
         self.stop = True
         self.study._storage.stop_retrying()      # stopping: do not wait out an outage
         if self.training:
@@ -293,7 +295,6 @@ class _Worker:
             for attrs, run_dir in cfgs:
                 cfg = build_config(self.spec["base"], {**attrs["grid"], **attrs["tune"]})
                 cfg.name = f"{study.study_name}/{Path(run_dir).name}"
-                _drop_unreadable_checkpoint(self.dir / run_dir / "checkpoint.pt")
                 configs.append(cfg)
             if self.stop:
                 raise KeyboardInterrupt
@@ -407,16 +408,6 @@ def _kind_of(cfg) -> tuple[str, str]:
     from sandbox.train import stack_key
     seq_len = getattr(cfg.task.params, "seq_len", None)
     return stack_key(cfg), f"{cfg.model.mixer}|{cfg.model.d_model}|{seq_len}"
-
-
-def _drop_unreadable_checkpoint(path: Path) -> None:
-    """A worker killed while saving can leave a truncated checkpoint; start that run afresh."""
-    if path.exists():
-        import torch
-        try:
-            torch.load(path, map_location="cpu", weights_only=False)
-        except Exception:
-            path.unlink()
 
 
 def _attach_result(storage, tid: int, run_dir: Path, res: dict | None = None) -> None:

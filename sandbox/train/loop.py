@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from sandbox.config import RunConfig, flatten, to_dict
-from sandbox.train.files import write_json
+from sandbox.train.files import save_torch, write_json
 import sandbox.train.precompile as precompile
 from sandbox.train.group import Group, stack_key, worth_compiling, worth_regrouping
 from sandbox.train.signals import HeldSignals
@@ -109,8 +109,8 @@ class _Run:
     def save(self, step, r: int) -> None:
         # copies: the parameters are views of the stack's flat weights, which torch.save would store whole
         model = {k: v.clone() for k, v in self.model.state_dict().items()}
-        torch.save({"model": model, "optimizer": step.optimizer_state(r), "state": self.state,
-                    "config": self.config}, self.ckpt)
+        save_torch(self.ckpt, {"model": model, "optimizer": step.optimizer_state(r), "state": self.state,
+                               "config": self.config})
 
     def result(self, replicas: int = 1) -> dict:
         s = self.state
