@@ -30,6 +30,8 @@
 #                            train.compile=false), and list each repeat's accuracy beside the recorded one:
 #                            does the same configuration give the same result on this GPU? COLD=1: each repeat
 #                            compiles into empty Inductor and Triton caches of its own (as on a fresh machine)
+#   script NAME [ARGS]       `python benchmarks/NAME.py ARGS` into $OUT/NAME.txt (a kernel's own speed or tile script);
+#                            with REF=<commit> (carried in .ref/) the same script then imports that commit's sandbox
 #   collect DIR...           tar the named directories into $OUT/collect.tar.gz
 #
 # What the GPU image lacks travels with the call: Python wheels in .whl/ (optuna and its needs, fla:
@@ -139,6 +141,14 @@ for name, r in rows:
           f"{str(r.get('compiled_at') or '-'):>11}  {r['history'][-1]['test/loss']:.12f}  {accs}")
 EOF
     cat "$OUT/repeat.txt"
+    ;;
+script)
+    name="$1"; shift
+    python3 "benchmarks/$name.py" "$@" 2>&1 | tee -a "$OUT/$name.txt"
+    if [ -n "${REF:-}" ] && [ "$REF" != none ]; then
+        echo "--- the same with .ref/$REF's sandbox" | tee -a "$OUT/$name.txt"
+        PYTHONPATH="$PWD/.ref/$REF${PYTHONPATH#"$PWD"}" python3 "benchmarks/$name.py" "$@" 2>&1 | tee -a "$OUT/$name.txt"
+    fi
     ;;
 collect)
     tar -czf "$OUT/collect.tar.gz" "$@"
