@@ -15,6 +15,17 @@ TINY = {"task": {"name": "mqar", "seq_len": 16, "num_kv_pairs": 2, "vocab_size":
                   "eval_batch_size": 64, "early_stop": None}}
 
 
+def assert_resumes_to_the_straight_run(cfg, run_dir, straight_dir, straight):
+    """Training on in ``run_dir`` completes with the bits of the run that was never interrupted."""
+    resumed = train(cfg, run_dir, progress=False)
+    assert resumed["status"] == "completed" and resumed["steps"] == cfg.train.steps
+    a = torch.load(straight_dir / "checkpoint.pt", weights_only=False)["model"]
+    b = torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert resumed["final_accuracy"] == straight["final_accuracy"]
+
+
 def test_interrupted_run_resumes_to_identical_weights(tmp_path):
     cfg = load_config(data=TINY)
     straight = train(cfg, tmp_path / "a", progress=False)
@@ -25,13 +36,7 @@ def test_interrupted_run_resumes_to_identical_weights(tmp_path):
 
     first = train(cfg, tmp_path / "b", progress=False, on_eval=stop_at_20)
     assert first["status"] == "stopped" and first["steps"] == 20
-    resumed = train(cfg, tmp_path / "b", progress=False)
-    assert resumed["status"] == "completed" and resumed["steps"] == 40
-    a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)["model"]
-    b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["model"]
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-    assert resumed["final_accuracy"] == straight["final_accuracy"]
+    assert_resumes_to_the_straight_run(cfg, tmp_path / "b", tmp_path / "a", straight)
 
 
 class _CtrlCWhenPickled:
@@ -62,13 +67,7 @@ def test_a_ctrl_c_while_the_interrupt_saves_leaves_the_checkpoint_before(tmp_pat
     monkeypatch.undo()
     assert torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["state"]["step"] == 20
     assert [p.name for p in (tmp_path / "b").glob(".*.tmp")] == []
-    resumed = train(cfg, tmp_path / "b", progress=False)
-    assert resumed["status"] == "completed" and resumed["steps"] == 40
-    a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)["model"]
-    b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["model"]
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-    assert resumed["final_accuracy"] == straight["final_accuracy"]
+    assert_resumes_to_the_straight_run(cfg, tmp_path / "b", tmp_path / "a", straight)
 
 
 def test_result_json_and_tensorboard(tmp_path):
