@@ -3,6 +3,8 @@ spills and shared memory of every compiled kernel, and the effect of the warp co
 heaviest kernels (each variant checked against the first one before it is timed).
 
     python benchmarks/gla_profile.py [--shapes "64,512,2,64;64,512,2,256"] [--warps "fwd_intra=4,4/2;bwd_chunk=8,8/2"]
+
+A shape is B,T,H,K with V = K, or B,T,H,K,V (the Figure 8 GLA step's heads: 256,192,2,32,64; a stack of 9: 2304,...).
 """
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ from torch.profiler import ProfilerActivity, profile
 from sandbox.bench.checks import make_inputs
 from sandbox.kernels import triton_chunk as fwd_mod
 from sandbox.kernels import triton_chunk_bwd as bwd_mod
+from sandbox.kernels import triton_chunk_common as common_mod
 from sandbox.kernels.triton_chunk import chunk_gla
 
 MODULES = {"fwd_intra": (fwd_mod, "_fwd_intra"), "bwd_chunk": (bwd_mod, "_bwd_chunk"),
-           "states": (fwd_mod, "_states"), "bwd_dA": (bwd_mod, "_bwd_dA"), "fwd_o": (fwd_mod, "_fwd_o"), "gate_prep": (fwd_mod, "_gate_prep")}
+           "states": (common_mod, "_states"), "bwd_dA": (bwd_mod, "_bwd_dA"), "fwd_o": (fwd_mod, "_fwd_o"), "gate_prep": (fwd_mod, "_gate_prep")}
 ORIGINAL = {name: getattr(mod, attr) for name, (mod, attr) in MODULES.items()}
 
 
@@ -59,11 +62,11 @@ def run(shape, warps, cprofile=False, tiles=None):
     bwd_mod._bwd_tiles = (lambda K, V: tiles) if tiles else ORIGINAL_TILES
     for name, (mod, attr) in MODULES.items():
         setattr(mod, attr, _Warps(ORIGINAL[name], warps[name]) if name in warps else ORIGINAL[name])
-    B, T, H, K = shape
+    B, T, H, K, V = shape if len(shape) == 5 else (*shape, shape[-1])
     torch.manual_seed(0)
-    inp = make_inputs(B, T, H, K, K, "diag", torch.bfloat16, "cuda")
+    inp = make_inputs(B, T, H, K, V, "diag", torch.bfloat16, "cuda")
     ts = [inp[n].requires_grad_() for n in ("q", "k", "v", "g")]
-    do = torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16)
+    do = torch.randn(B, T, H, V, device="cuda", dtype=torch.bfloat16)
 
     def fb():
         chunk_gla(*ts, scale=K ** -0.5)[0].backward(do)

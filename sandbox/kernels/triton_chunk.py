@@ -218,11 +218,14 @@ def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
                         BK=_intra_bk(K), LIM=diag_block_limit(q.dtype), num_warps=4,
                         num_stages=1)  # H200: 0.085 against 0.148 ms with 3 stages at (64,512,2,256)
     hs, ht = run_states(kg, v, gc, gate, h0, output_final_state, geo, 1.0, False)
+    # 4 warps where a program's state is one K tile: H200, per call, 0.022 -> 0.016 ms at the Figure 8 GLA
+    # (B 256, T 192, H 2, K 32, V 64), 0.267 -> 0.221 at a stack of 9 (B 2304, T 320), 0.298 -> 0.269 at K = V = 64
+    # (benchmarks/gla_profile.py --warps "fwd_o=8,4")
     o = torch.empty(TT, H, V, device=q.device, dtype=q.dtype)
     bk, bv = _par_tiles(K, V)
     nv = triton.cdiv(V, bv)
     _fwd_o[(NC * nv, H)](qg, v, A, hs, o, cidx, T, scale, H, K=K, V=V, IS_VARLEN=varlen,
-                         BT=BT, BK=bk, BV=bv, NV=nv, num_warps=8)
+                         BT=BT, BK=bk, BV=bv, NV=nv, num_warps=4 if K <= 64 else 8)
     return o.view(B, T, H, V), ht, A, (gc, qg, kg), hs, geo
 
 
