@@ -222,6 +222,41 @@ def test_the_compiled_step_writes_concatenated_pieces_in_place_not_through_one_m
     torch.testing.assert_close(out2, out, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="mixed-order reductions are Inductor's GPU lowering")
+def test_a_compiled_layernorm_backward_finishes_its_weight_gradients_without_an_eager_sum():
+    """A residual add and a LayerNorm, backward, at the Figure 8 step's rows (49,152 x 128): Inductor's mixed-order
+    reduction left the weight and bias gradients as partial sums in a workspace, summed by an eager ``.sum``
+    launch each; with the step's options they are Inductor reductions. The gradients equal a float64 LayerNorm's."""
+    from torch._inductor.utils import run_and_get_code
+
+    from sandbox.train.step import compile_options
+
+    g_ = torch.Generator(device="cuda").manual_seed(0)
+    x, r, dy = (torch.randn(49152, 128, device="cuda", generator=g_) for _ in range(3))
+    w = 1 + 0.1 * torch.randn(128, device="cuda", generator=g_)
+    b = 0.1 * torch.randn(128, device="cuda", generator=g_)
+
+    def loss(x, r, w, b):
+        return (torch.nn.functional.layer_norm(x + r, (128,), w, b) * dy.to(x.dtype)).sum()
+
+    def grads(fn, *inputs):
+        inputs = [t.detach().requires_grad_() for t in inputs]
+        return torch.autograd.grad(fn(*inputs), inputs[:1] + inputs[2:])      # x, w, b
+
+    def compiled(options):
+        torch._dynamo.reset()
+        out, code = run_and_get_code(grads, torch.compile(loss, dynamic=False, options=options), x, r, w, b)
+        torch._dynamo.reset()
+        return out, "\n".join(code)
+
+    _, before = compiled({"triton.mix_order_reduction": True})
+    assert ".sum(dim=0)" in before                          # the eager finish of the workspace's partial sums
+    out, code = compiled(compile_options())
+    assert ".sum(dim=0)" not in code
+    for got, want in zip(out, grads(loss, x.double(), r.double(), w.double(), b.double())):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-3)
+
+
 _COMPILED_STEPS = """
 import hashlib, sys
 import torch
