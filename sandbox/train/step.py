@@ -111,19 +111,13 @@ DETERMINISM = {"deterministic": True}
 REDUCTIONS = {"triton.mix_order_reduction": False}
 
 
-def _has_setting(config, key: str) -> bool:
-    *path, name = key.split(".")
-    for part in path:
-        config = getattr(config, part, None)
-    return config is not None and hasattr(config, name)
-
-
 def compile_options() -> dict:
     """``torch.compile`` options of the step: the concatenations as ConcatKernels, where torch has the setting
     (``max_pointwise_cat_inputs`` alone, in 2.11, only keys the on-disk caches apart from the code before),
     reductions compiled the same way in every process, and a LayerNorm's column sums without an eager finish."""
     from torch._inductor import config
-    return {k: v for k, v in {**CONCAT_OPTIONS, **DETERMINISM, **REDUCTIONS}.items() if _has_setting(config, k)}
+    known = config.get_config_copy()            # every setting of this torch, nested ones by dotted name
+    return {k: v for k, v in {**CONCAT_OPTIONS, **DETERMINISM, **REDUCTIONS}.items() if k in known}
 
 
 @contextlib.contextmanager
