@@ -11,15 +11,15 @@ Layout of the work (chunk length BT = 64, sub-blocks of BC = 16 rows):
                (fp32), qg = q exp(gc), kg = k exp(gl - gc) (gl = the chunk's total decay).
             2. ``_states``     (parallel over (K tile, V tile) x sequence*head, sequential over chunks):
                the only sequential pass; stores the state at every chunk start (bf16 for bf16 inputs).
-            3. ``_fwd_o``      (parallel over chunks x V tiles): the masked intra-chunk matrix
+            3. ``_fwd_o``      (parallel over chunks): the masked intra-chunk matrix
                A[i, j] = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i (``_intra``, the whole 64 x 64
-               block in one program), then o = scale * qg S_c + A v; A is stored for the backward in the dtype
-               its products use.  A chunk that decays by less than exp(40) from its first row to its last
-               forms A with one product per K tile with gc at its first row as the reference.  Otherwise row
-               block r (16 rows) meets the earlier columns through one product with gc at its first row as the
-               reference (every exponent <= 0).  The block's own pairs join that product when the block decays
-               by less than exp(40) (the keys then grow by at most that), else they are summed exactly, column
-               by column (``_diag_exact``).
+               block in one program), then o = scale * qg S_c + A v, one V tile after another; A is stored
+               for the backward in the dtype its products use.  A chunk that decays by less than exp(40)
+               from its first row to its last forms A with one product per K tile with gc at its first row
+               as the reference.  Otherwise row block r (16 rows) meets the earlier columns through one
+               product with gc at its first row as the reference (every exponent <= 0).  The block's own
+               pairs join that product when the block decays by less than exp(40) (the keys then grow by at
+               most that), else they are summed exactly, column by column (``_diag_exact``).
   backward  (``triton_chunk_bwd.py``): ``_states`` in reverse (the state gradient at every chunk end; the
             chunk-start states are kept from the forward), ``_bwd_dA`` (dA = scale dO v^T per chunk) and
             ``_bwd_chunk`` (per chunk and K or V tile: dq, dk and dg with their intra-chunk parts, or dv).
@@ -155,33 +155,33 @@ def _diag_exact(q, k, gc, ts, t1, i_h, H, K: tl.constexpr, BC: tl.constexpr, BK:
 @triton.jit
 def _fwd_o(q, k, qg, v, gc, hs, A, o, cidx, T, scale, H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr,
            IS_VARLEN: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-           NV: tl.constexpr, LIM: tl.constexpr):
-    """o = scale * qg S_c + A v for one chunk and one V tile, from the stored chunk-start states, with the
-    chunk's A formed here (``_intra``) and stored, in the dtype its products use, by the first V tile for the
-    backward.  The V tiles of one chunk are neighbours in the grid, so its rows are read from L2 after the first."""
-    i_cv, i_h = tl.program_id(0), tl.program_id(1)
-    i_c, i_v = i_cv // NV, i_cv % NV
+           LIM: tl.constexpr):
+    """One chunk: its A (``_intra``), stored for the backward in the dtype its products use, then
+    o = scale * qg S_c + A v one V tile after another, from the stored chunk-start states (one program per
+    chunk, so that A is formed once however many V tiles there are)."""
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
     t0, t1 = _chunk_bounds(i_c, cidx, T, IS_VARLEN, BT)
     o_t = tl.arange(0, BT)
     rows = t0 + o_t
     m = rows < t1
-    b_A = _intra(q, k, gc, t0, t1, i_h, scale, H, K, GATE, BT, BC, BK, LIM)
-    if i_v == 0:
-        tl.store(A + (rows[:, None] * H + i_h) * BT + o_t[None, :], b_A.to(A.dtype.element_ty), mask=m[:, None])
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < V
+    b_A = _intra(q, k, gc, t0, t1, i_h, scale, H, K, GATE, BT, BC, BK, LIM).to(A.dtype.element_ty)
+    tl.store(A + (rows[:, None] * H + i_h) * BT + o_t[None, :], b_A, mask=m[:, None])
+    b_A = b_A.to(v.dtype.element_ty)
     p_s = (i_c * H + i_h).to(tl.int64) * K * V
-    b_o = tl.zeros([BT, BV], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        b_q = tl.load(qg + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
-        b_S = tl.load(hs + p_s + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-        b_o += tl.dot(b_q, b_S.to(b_q.dtype))
-    b_v = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m[:, None] & m_v[None, :], other=0.)
-    b_o = b_o * scale + tl.dot(b_A.to(b_v.dtype), b_v)
-    tl.store(o + (rows[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
-             mask=m[:, None] & m_v[None, :])
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        b_o = tl.zeros([BT, BV], dtype=tl.float32)
+        for i_k in range(0, tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            b_q = tl.load(qg + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
+            b_S = tl.load(hs + p_s + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+            b_o += tl.dot(b_q, b_S.to(b_q.dtype))
+        b_v = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m[:, None] & m_v[None, :], other=0.)
+        b_o = b_o * scale + tl.dot(b_A, b_v)
+        tl.store(o + (rows[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
+                 mask=m[:, None] & m_v[None, :])
 
 
 # ----------------------------------------------------------------------------- host side
@@ -212,19 +212,15 @@ def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
     gate = _gate_kind(g)
     TT = B * T
     gc, qg, kg = gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen)
-    # then the states, then one kernel for A and the output.  4 warps where a program's state is one K tile:
-    # H200, per call, 0.022 -> 0.016 ms for the output alone at the Figure 8 GLA (B 256, T 192, H 2, K 32,
-    # V 64), 0.267 -> 0.221 at a stack of 9 (B 2304, T 320), 0.298 -> 0.269 at K = V = 64
-    # (benchmarks/gla_profile.py --warps "fwd_o=8,4"); one pipeline stage: 0.085 against 0.148 ms with 3 for
-    # A alone at (64,512,2,256)
+    # then the states, then one kernel for A and the output: 4 warps and one pipeline stage (H200, per call, at
+    # the Figure 8 GLA (B 256, T 192, H 2, K 32, V 64) 0.031 ms against 0.044 with 8 warps, at a stack of 9
+    # (B 2304, T 320) 0.39 against 0.60; benchmarks/gla_profile.py --warps "fwd_o=4/1,8/1,4/2")
     hs, ht = run_states(kg, v, gc, gate, h0, output_final_state, geo, 1.0, False)
     A = torch.empty(TT, H, BT, device=q.device, dtype=_a_dtype(q, v))
     o = torch.empty(TT, H, V, device=q.device, dtype=q.dtype)
     bk, bv = _par_tiles(K, V)
-    nv = triton.cdiv(V, bv)
-    _fwd_o[(NC * nv, H)](q, k, qg, v, gc, hs, A, o, cidx, T, scale, H, K=K, V=V, GATE=gate, IS_VARLEN=varlen,
-                         BT=BT, BC=BC, BK=bk, BV=bv, NV=nv, LIM=diag_block_limit(q.dtype), num_warps=4 if K <= 64 else 8,
-                         num_stages=1)
+    _fwd_o[(NC, H)](q, k, qg, v, gc, hs, A, o, cidx, T, scale, H, K=K, V=V, GATE=gate, IS_VARLEN=varlen,
+                    BT=BT, BC=BC, BK=bk, BV=bv, LIM=diag_block_limit(q.dtype), num_warps=4, num_stages=1)
     return o.view(B, T, H, V), ht, A, (gc, qg, kg), hs, geo
 
 
