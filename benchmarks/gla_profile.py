@@ -22,7 +22,7 @@ from sandbox.kernels import triton_chunk_common as common_mod
 from sandbox.kernels.triton_chunk import chunk_gla
 
 MODULES = {"bwd_chunk": (bwd_mod, "_bwd_chunk"),
-           "states": (common_mod, "_states"), "bwd_dA": (bwd_mod, "_bwd_dA"), "fwd_o": (fwd_mod, "_fwd_o")}
+           "states": (common_mod, "_states"), "bwd_dA": (bwd_mod, "_bwd_dA"), "fwd_o": (fwd_mod, "_fwd_o"), "gate_prep": (fwd_mod, "_gate_prep")}
 ORIGINAL = {name: getattr(mod, attr) for name, (mod, attr) in MODULES.items()}
 
 

@@ -7,12 +7,11 @@ with g = None (no transition), [B, T, H] (scalar log-decay) or [B, T, H, K]
 variable-length segments (``cu_seqlens``, empty segments allowed).
 
 Layout of the work (chunk length BT = 64, sub-blocks of BC = 16 rows):
-  forward   1. ``_states``     (parallel over (K tile, V tile) x sequence*head, sequential over chunks):
-               the only sequential pass.  Each chunk's gate first: gc = chunk-local cumulative log-decay
-               (fp32), qg = q exp(gc), kg = k exp(gl - gc) (gl = the chunk's total decay), written for the
-               kernels after; then the state update.  Stores the state at every chunk start (bf16 for bf16
-               inputs).
-            2. ``_fwd_o``      (parallel over chunks): the masked intra-chunk matrix
+  forward   1. ``_gate_prep``  (parallel over chunks x K tiles): gc = chunk-local cumulative log-decay
+               (fp32), qg = q exp(gc), kg = k exp(gl - gc) (gl = the chunk's total decay).
+            2. ``_states``     (parallel over (K tile, V tile) x sequence*head, sequential over chunks):
+               the only sequential pass; stores the state at every chunk start (bf16 for bf16 inputs).
+            3. ``_fwd_o``      (parallel over chunks): the masked intra-chunk matrix
                A[i, j] = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i (``_intra``, the whole 64 x 64
                block in one program), then o = scale * qg S_c + A v, one V tile after another; A is stored
                for the backward in the dtype its products use.  A chunk that decays by less than exp(40)
@@ -34,11 +33,40 @@ import triton
 import triton.language as tl
 
 from sandbox.kernels.triton_chunk_common import (BC, BT, _chunk_bounds, _chunk_decay, _diag_decay, _gate_kind,
-                                                 _geometry, _par_tiles, _pick, chunk_table,
-                                                 diag_block_limit, fold_replicas, forward_states)
+                                                 _geometry, _p2, _par_tiles, _pick, chunk_table,
+                                                 diag_block_limit, fold_replicas, run_states)
 from sandbox.kernels.triton_chunk_bwd import _bwd
 
 __all__ = ["chunk_gla", "chunk_table"]
+
+@triton.jit
+def _gate_prep(q, k, g, gc, qg, kg, cidx, T, H, K: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+               BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr):
+    """Per chunk and [BT, BK] tile: gc = chunk-local cumulative log-decay (fp32), qg = q exp(gc) and
+    kg = k exp(gl - gc) in the input dtype (gl = the chunk's total).  The state recurrences then only
+    scale by exp(gl) and multiply, and every later kernel loads gc instead of scanning g again."""
+    i_ck, i_h = tl.program_id(0), tl.program_id(1)
+    i_c, i_k = i_ck // NK, i_ck % NK  # the K tiles of one chunk run side by side (its g rows stay in L2)
+    t0, t1 = _chunk_bounds(i_c, cidx, T, IS_VARLEN, BT)
+    rows = t0 + tl.arange(0, BT)
+    m = rows < t1
+    o_k = i_k * BK + tl.arange(0, BK)
+    p = (rows[:, None] * H + i_h) * K + o_k[None, :]
+    mk = m[:, None] & (o_k < K)[None, :]
+    if GATE == 2:
+        b = tl.cumsum(tl.load(g + p, mask=mk, other=0.).to(tl.float32), axis=0)
+        tl.store(gc + p, b, mask=mk)
+        gl = tl.sum(tl.where(rows == t1 - 1, 1., 0.)[:, None] * b, axis=0)[None, :]
+    else:
+        b1 = tl.cumsum(tl.load(g + rows * H + i_h, mask=m, other=0.).to(tl.float32), axis=0)
+        if i_k == 0:
+            tl.store(gc + rows * H + i_h, b1, mask=m)
+        b = b1[:, None]
+        gl = tl.sum(tl.where(rows == t1 - 1, b1, 0.), axis=0)
+    b_q = tl.load(q + p, mask=mk, other=0.).to(tl.float32)
+    b_k = tl.load(k + p, mask=mk, other=0.).to(tl.float32)
+    tl.store(qg + p, (b_q * tl.exp(b)).to(qg.dtype.element_ty), mask=mk)
+    tl.store(kg + p, (b_k * tl.exp(tl.where(mk, gl - b, 0.))).to(kg.dtype.element_ty), mask=mk)
 
 
 @triton.jit
@@ -158,6 +186,20 @@ def _fwd_o(q, k, qg, v, gc, hs, A, o, cidx, T, scale, H, K: tl.constexpr, V: tl.
 
 # ----------------------------------------------------------------------------- host side
 
+def gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen):
+    """(gc, qg, kg): chunk-local cumulative log-decay (fp32, g's shape) and the decayed q and k;
+    (q, q, k) without a gate (gc then unused)."""
+    if gate == 0:
+        return q, q, k
+    gc = torch.empty(g.shape, device=g.device, dtype=torch.float32)
+    qg, kg = torch.empty_like(q), torch.empty_like(k)
+    bk = max(16, min(64, _p2(K)))
+    nk = triton.cdiv(K, bk)
+    _gate_prep[(NC * nk, H)](q, k, g, gc, qg, kg, cidx, T, H, K=K, GATE=gate, IS_VARLEN=varlen,
+                             BT=BT, BK=bk, NK=nk, num_warps=4)
+    return gc, qg, kg
+
+
 def _a_dtype(q, v):
     """A is stored in the dtype its products cast it to (v's in the forward, dO's = q's in the backward), so
     the stored copy gives the same bits at half the bytes for bf16; fp32 where the two differ."""
@@ -169,10 +211,11 @@ def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
     B, T, H, K, V, N, varlen, cidx, NC, cu, coff = geo
     gate = _gate_kind(g)
     TT = B * T
-    hs, ht, gc, qg, kg = forward_states(q, k, v, g, gate, h0, output_final_state, geo)
-    # then one kernel for A and the output: 4 warps and one pipeline stage (H200, per call, at
+    gc, qg, kg = gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen)
+    # then the states, then one kernel for A and the output: 4 warps and one pipeline stage (H200, per call, at
     # the Figure 8 GLA (B 256, T 192, H 2, K 32, V 64) 0.031 ms against 0.044 with 8 warps, at a stack of 9
     # (B 2304, T 320) 0.39 against 0.60; benchmarks/gla_profile.py --warps "fwd_o=4/1,8/1,4/2")
+    hs, ht = run_states(kg, v, gc, gate, h0, output_final_state, geo, 1.0, False)
     A = torch.empty(TT, H, BT, device=q.device, dtype=_a_dtype(q, v))
     o = torch.empty(TT, H, V, device=q.device, dtype=q.dtype)
     bk, bv = _par_tiles(K, V)

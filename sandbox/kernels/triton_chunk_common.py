@@ -1,7 +1,7 @@
 """Pieces shared by the chunked GLA kernels (``triton_chunk.py`` forward, ``triton_chunk_bwd.py``
 backward): chunk and segment bounds, gate loads, the diagonal-block test, the host-side geometry
 (chunk table for packed segments), the tile choices, and the sequential state pass ``_states``
-that both directions run (the forward's preparing each chunk's gate as it goes)."""
+that both directions run."""
 from __future__ import annotations
 
 import os
@@ -173,46 +173,14 @@ def _bwd_tiles(K: int, V: int):
 # ----------------------------------------------------------------------------- the sequential pass
 
 @triton.jit
-def _prep(q, k, g, gc, qg, kg, rows, m, t_last, i_h, o_k, m_k, store, store_g1, H, K: tl.constexpr,
-          GATE: tl.constexpr):
-    """The gate of one chunk's [BT, BK] tile: gc = chunk-local cumulative log-decay (fp32), qg = q exp(gc) and
-    kg = k exp(gl - gc) in the input dtype (gl = gc at the chunk's last row t_last), stored where ``store`` (the
-    one program of those sharing the tile; the scalar gate's gc where ``store_g1``).  Returns (kg, gl): gl is
-    [BK] (diagonal gate) or a scalar.  Every later kernel loads gc, qg and kg instead of scanning g again."""
-    p = (rows[:, None] * H + i_h) * K + o_k[None, :]
-    mk = m[:, None] & m_k[None, :]
-    if GATE == 2:
-        b = tl.cumsum(tl.load(g + p, mask=mk, other=0.).to(tl.float32), axis=0)
-        if store:
-            tl.store(gc + p, b, mask=mk)
-        gl = tl.sum(tl.where(rows == t_last, 1., 0.)[:, None] * b, axis=0)
-        gl2 = gl[None, :]
-    else:
-        b1 = tl.cumsum(tl.load(g + rows * H + i_h, mask=m, other=0.).to(tl.float32), axis=0)
-        if store_g1:
-            tl.store(gc + rows * H + i_h, b1, mask=m)
-        b = b1[:, None]
-        gl = tl.sum(tl.where(rows == t_last, b1, 0.), axis=0)
-        gl2 = gl
-    b_q = tl.load(q + p, mask=mk, other=0.).to(tl.float32)
-    b_k = tl.load(k + p, mask=mk, other=0.).to(tl.float32)
-    b_kg = (b_k * tl.exp(tl.where(mk, gl2 - b, 0.))).to(kg.dtype.element_ty)
-    if store:
-        tl.store(qg + p, (b_q * tl.exp(b)).to(qg.dtype.element_ty), mask=mk)
-        tl.store(kg + p, b_kg, mask=mk)
-    return b_kg, gl
-
-
-@triton.jit
-def _states(a, b, gc, s0, s_end, hs, cu, coff, q, g, qg, kg, T, scale,
+def _states(a, b, gc, s0, s_end, hs, cu, coff, T, scale,
             H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
-            REVERSE: tl.constexpr, PREP: tl.constexpr, HAS_S0: tl.constexpr, STORE_END: tl.constexpr,
+            REVERSE: tl.constexpr, HAS_S0: tl.constexpr, STORE_END: tl.constexpr,
             BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr):
     """The only sequential pass: X <- diag(exp(gl_c)) X + scale * a_c^T b_c over the chunks c of one
     segment, for one [BK, BV] tile.  Forward (a = kg, b = v): X is the state, stored into hs at every
-    chunk start, the final one into s_end; with PREP, a = k and each chunk's gate is prepared here first
-    (``_prep``: gc, qg and kg written for the kernels after).  REVERSE (a = qg, b = dO): X is the gradient
-    of the state from later chunks, stored at every chunk end, d(initial state) into s_end.  s0 starts X."""
+    chunk start, the final one into s_end.  REVERSE (a = qg, b = dO): X is the gradient of the state
+    from later chunks, stored at every chunk end, d(initial state) into s_end.  s0 starts X."""
     i_kv, i_nh = tl.program_id(0), tl.program_id(1)
     i_k = i_kv // NV
     i_v = i_kv % NV
@@ -244,19 +212,11 @@ def _states(a, b, gc, s0, s_end, hs, cu, coff, q, g, qg, kg, T, scale,
         tl.store(hs + (c0 + j).to(tl.int64) * H * K * V + p_c, X.to(hs.dtype.element_ty), mask=m_h)
         rows = bos + j * BT + o_t
         m = rows < eos
-        t_last = tl.minimum(bos + j * BT + BT, eos) - 1
-        if PREP:
-            b_a, gl = _prep(q, a, g, gc, qg, kg, rows, m, t_last, i_h, o_k, m_k, i_v == 0, (i_v == 0) & (i_k == 0),
-                            H, K, GATE)
-        else:
-            b_a = tl.load(a + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
-            if GATE > 0:
-                gl = _total_decay(gc, t_last, i_h, o_k, m_k, H, K, GATE)
+        b_a = tl.load(a + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
         b_b = tl.load(b + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m[:, None] & m_v[None, :], other=0.)
-        if GATE == 2:
+        if GATE > 0:
+            gl = _total_decay(gc, tl.minimum(bos + j * BT + BT, eos) - 1, i_h, o_k, m_k, H, K, GATE)
             X = X * tl.exp(gl)[:, None]
-        elif GATE == 1:
-            X = X * tl.exp(gl)
         X += tl.dot(tl.trans(b_a), b_b) * scale
     if STORE_END:
         tl.store(s_end + p_h, X, mask=m_h)
@@ -266,30 +226,14 @@ def run_states(a, b, gc, gate, s0, store_end, geo, scale, reverse):
     """The sequential pass ``_states``: per-chunk states (forward: a = kg, b = v) or state gradients
     (reverse: a = qg, b = dO), kept in bf16 for bf16 inputs (they are dot operands in that dtype anyway)
     and in fp32 otherwise; and the end value in fp32 (final state, or d(initial state)) when asked."""
-    return _run_states(a, b, gc, gate, s0, store_end, geo, scale, reverse, None)
-
-
-def forward_states(q, k, v, g, gate, s0, store_end, geo):
-    """The forward's sequential pass with each chunk's gate prepared in it: (states at every chunk start, final
-    state or None, gc, qg, kg); without a gate (q, q, k) stand for the last three."""
-    if gate == 0:
-        return (*_run_states(k, v, q, gate, s0, store_end, geo, 1.0, False, None), q, q, k)
-    prep = (q, g, torch.empty(g.shape, device=g.device, dtype=torch.float32), torch.empty_like(q), torch.empty_like(k))
-    hs, end = _run_states(k, v, prep[2], gate, s0, store_end, geo, 1.0, False, prep)
-    return hs, end, *prep[2:]
-
-
-def _run_states(a, b, gc, gate, s0, store_end, geo, scale, reverse, prep):
     B, T, H, K, V, N, varlen, cidx, NC, cu, coff = geo
     sdt = torch.bfloat16 if a.dtype == torch.bfloat16 else torch.float32
     hs = torch.empty(NC, H, K, V, device=a.device, dtype=sdt)
     end = torch.empty(N, H, K, V, device=a.device, dtype=torch.float32) if store_end else None
     bk, bv, NK, NV, nw = _seq_cfg(K, V)
-    q, g, _, qg, kg = prep if prep is not None else (a, a, a, a, a)
     _states[(NK * NV, N * H)](a, b, gc, s0 if s0 is not None else a, end if end is not None else a, hs, cu, coff,
-                              q, g, qg, kg, T, scale, H, K=K, V=V, GATE=gate, IS_VARLEN=varlen, REVERSE=reverse,
-                              PREP=prep is not None, HAS_S0=s0 is not None, STORE_END=store_end, BT=BT, BK=bk, BV=bv,
-                              NV=NV, num_warps=nw)
+                              T, scale, H, K=K, V=V, GATE=gate, IS_VARLEN=varlen, REVERSE=reverse,
+                              HAS_S0=s0 is not None, STORE_END=store_end, BT=BT, BK=bk, BV=bv, NV=NV, num_warps=nw)
     return hs, end
 
 
