@@ -164,9 +164,13 @@ def _fwd_o(q, k, qg, v, gc, hs, A, o, cidx, T, scale, H, K: tl.constexpr, V: tl.
     o_t = tl.arange(0, BT)
     rows = t0 + o_t
     m = rows < t1
-    b_A = _intra(q, k, gc, t0, t1, i_h, scale, H, K, GATE, BT, BC, BK, LIM).to(A.dtype.element_ty)
-    tl.store(A + (rows[:, None] * H + i_h) * BT + o_t[None, :], b_A, mask=m[:, None])
-    b_A = b_A.to(v.dtype.element_ty)
+    p_A = A + (rows[:, None] * H + i_h) * BT + o_t[None, :]
+    tl.store(p_A, _intra(q, k, gc, t0, t1, i_h, scale, H, K, GATE, BT, BC, BK, LIM).to(A.dtype.element_ty),
+             mask=m[:, None])
+    # A read back (from L2) rather than kept in registers: on the H200 (Triton 3.6) the product's bf16 result fed
+    # straight into the next product faulted with an illegal address at K 64, V 32 (BK 64 > BV 32)
+    tl.debug_barrier()
+    b_A = tl.load(p_A, mask=m[:, None], other=0.).to(v.dtype.element_ty)
     p_s = (i_c * H + i_h).to(tl.int64) * K * V
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
