@@ -2,7 +2,7 @@
 spills and shared memory of every compiled kernel, and the effect of the warp count of the two
 heaviest kernels (each variant checked against the first one before it is timed).
 
-    python benchmarks/gla_profile.py [--shapes "64,512,2,64;64,512,2,256"] [--warps "fwd_o=4,4/2;bwd_chunk=8,8/2"]
+    python benchmarks/gla_profile.py [--shapes "64,512,2,64;64,512,2,256"] [--warps "fwd_intra=4,4/2;bwd_chunk=8,8/2"]
 
 A shape is B,T,H,K with V = K, or B,T,H,K,V (the Figure 8 GLA step's heads: 256,192,2,32,64; a stack of 9: 2304,...).
 """
@@ -21,7 +21,7 @@ from sandbox.kernels import triton_chunk_bwd as bwd_mod
 from sandbox.kernels import triton_chunk_common as common_mod
 from sandbox.kernels.triton_chunk import chunk_gla
 
-MODULES = {"bwd_chunk": (bwd_mod, "_bwd_chunk"),
+MODULES = {"fwd_intra": (fwd_mod, "_fwd_intra"), "bwd_chunk": (bwd_mod, "_bwd_chunk"),
            "states": (common_mod, "_states"), "bwd_dA": (bwd_mod, "_bwd_dA"), "fwd_o": (fwd_mod, "_fwd_o"), "gate_prep": (fwd_mod, "_gate_prep")}
 ORIGINAL = {name: getattr(mod, attr) for name, (mod, attr) in MODULES.items()}
 
@@ -105,7 +105,7 @@ def main():
     p.add_argument("--tiles", default="", help='K x V tiles of the backward gradient kernel to try, e.g. "64x64,32x64"')
     p.add_argument("--cprofile", action="store_true", help="where the host time of 200 fwd+bwd goes (first variant)")
     p.add_argument("--warps", default="",
-                   help='e.g. "fwd_o=4,8;bwd_chunk=4,4:128" (warps[:register cap]; first = the one in use)')
+                   help='e.g. "fwd_intra=4,8;bwd_chunk=4,4:128" (warps[:register cap]; first = the one in use)')
     a = p.parse_args()
     options = {}
     for part in filter(None, a.warps.split(";")):

@@ -9,17 +9,17 @@ variable-length segments (``cu_seqlens``, empty segments allowed).
 Layout of the work (chunk length BT = 64, sub-blocks of BC = 16 rows):
   forward   1. ``_gate_prep``  (parallel over chunks x K tiles): gc = chunk-local cumulative log-decay
                (fp32), qg = q exp(gc), kg = k exp(gl - gc) (gl = the chunk's total decay).
-            2. ``_states``     (parallel over (K tile, V tile) x sequence*head, sequential over chunks):
+            2. ``_fwd_intra``  (parallel over chunks; one program holds the whole 64 x 64 block): the masked
+               intra-chunk matrix A[i, j] = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i.  A chunk
+               that decays by less than exp(40) from its first row to its last takes one product per K
+               tile with gc at its first row as the reference.  Otherwise row block r (16 rows) meets the
+               earlier columns through one product with gc at its first row
+               as the reference (every exponent <= 0).  The block's own pairs join that product when the
+               block decays by less than exp(40) (the keys then grow by at most that), else they are
+               summed exactly, column by column (``_diag_exact``).
+            3. ``_states``     (parallel over (K tile, V tile) x sequence*head, sequential over chunks):
                the only sequential pass; stores the state at every chunk start (bf16 for bf16 inputs).
-            3. ``_fwd_o``      (parallel over chunks): the masked intra-chunk matrix
-               A[i, j] = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i (``_intra``, the whole 64 x 64
-               block in one program), then o = scale * qg S_c + A v, one V tile after another; A is stored
-               for the backward in the dtype its products use.  A chunk that decays by less than exp(40)
-               from its first row to its last forms A with one product per K tile with gc at its first row
-               as the reference.  Otherwise row block r (16 rows) meets the earlier columns through one
-               product with gc at its first row as the reference (every exponent <= 0).  The block's own
-               pairs join that product when the block decays by less than exp(40) (the keys then grow by at
-               most that), else they are summed exactly, column by column (``_diag_exact``).
+            4. ``_fwd_o``      (parallel over chunks x V tiles): o = scale * qg S_c + A v.
   backward  (``triton_chunk_bwd.py``): ``_states`` in reverse (the state gradient at every chunk end; the
             chunk-start states are kept from the forward), ``_bwd_dA`` (dA = scale dO v^T per chunk) and
             ``_bwd_chunk`` (per chunk and K or V tile: dq, dk and dg with their intra-chunk parts, or dv).
@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from sandbox.kernels.triton_chunk_common import (BC, BT, _chunk_bounds, _chunk_decay, _diag_decay, _gate_kind,
-                                                 _geometry, _p2, _par_tiles, _pick, chunk_table,
+                                                 _geometry, _intra_bk, _p2, _par_tiles, _pick, chunk_table,
                                                  diag_block_limit, fold_replicas, run_states)
 from sandbox.kernels.triton_chunk_bwd import _bwd
 
@@ -70,14 +70,17 @@ def _gate_prep(q, k, g, gc, qg, kg, cidx, T, H, K: tl.constexpr, GATE: tl.conste
 
 
 @triton.jit
-def _intra(q, k, gc, t0, t1, i_h, scale, H, K: tl.constexpr, GATE: tl.constexpr,
-           BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, LIM: tl.constexpr):
-    """[BT, BT] fp32: A[i, j] = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i over the chunk [t0, t1)
-    (zero elsewhere and on rows past t1).  Diagonal gate: one product per K tile when the chunk decays by
-    less than exp(LIM) (``_chunk_decay``), with gc at its first row as the reference.  Otherwise row block r
-    (BC rows) meets every earlier column through one product with a reference row, gc at the block's first
-    row (every exponent <= 0); its own pairs join that product when the block decays by less than exp(LIM)
-    (``_diag_decay``), else ``_diag_exact`` sums them."""
+def _fwd_intra(q, k, gc, A, cidx, T, scale,
+               H, K: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+               BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, LIM: tl.constexpr):
+    """A[i, j] = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i, one whole chunk per program.
+    Diagonal gate: one product per K tile when the chunk decays by less than exp(LIM) (``_chunk_decay``),
+    with gc at its first row as the reference.  Otherwise row block r (BC rows) meets every earlier column
+    through one product with a reference row, gc at the block's first row (every exponent <= 0); its own
+    pairs join that product when the block decays by less than exp(LIM) (``_diag_decay``), else
+    ``_diag_exact`` sums them."""
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    t0, t1 = _chunk_bounds(i_c, cidx, T, IS_VARLEN, BT)
     o_t = tl.arange(0, BT)
     rows = t0 + o_t
     m = rows < t1
@@ -117,15 +120,23 @@ def _intra(q, k, gc, t0, t1, i_h, scale, H, K: tl.constexpr, GATE: tl.constexpr,
         b_g1 = tl.load(gc + tl.minimum(rows, t1 - 1) * H + i_h)
         acc = acc * tl.exp(tl.where(m_A, b_g1[:, None] - b_g1[None, :], float("-inf")))
     acc = tl.where(m_A, acc * scale, 0.)
+    p_A = A + (rows[:, None] * H + i_h) * BT + o_t[None, :]
     if GATE == 2:
         # the diagonal blocks of slow row blocks come from _diag_exact, not from the product
+        o_b = tl.arange(0, BT // BC)
+        row_fast = tl.sum(tl.where(o_b[None, :] == blk[:, None], fast[None, :], 0), axis=1)
+        m_slow = (blk[:, None] == blk[None, :]) & (row_fast == 0)[:, None]
+        tl.store(p_A, acc, mask=m[:, None] & (m_slow == 0))
         for r in tl.static_range(BT // BC):
             ts = t0 + r * BC
             if (ts < t1) & (_pick(fast, r) == 0):
-                accd = _diag_exact(q, k, gc, ts, t1, i_h, H, K, BC, BK) * scale
-                tiled = tl.reshape(tl.broadcast_to(accd[None, :, None, :], [BT // BC, BC, BT // BC, BC]), [BT, BT])
-                acc = tl.where((blk == r)[:, None] & (blk == r)[None, :], tiled, acc)
-    return acc
+                o_r = tl.arange(0, BC)
+                m_r = ts + o_r < t1
+                accd = _diag_exact(q, k, gc, ts, t1, i_h, H, K, BC, BK)
+                tl.store(A + ((ts + o_r)[:, None] * H + i_h) * BT + r * BC + o_r[None, :], accd * scale,
+                         mask=m_r[:, None])
+    else:
+        tl.store(p_A, acc, mask=m[:, None])
 
 
 @triton.jit
@@ -153,39 +164,31 @@ def _diag_exact(q, k, gc, ts, t1, i_h, H, K: tl.constexpr, BC: tl.constexpr, BK:
 
 
 @triton.jit
-def _fwd_o(q, k, qg, v, gc, hs, A, o, cidx, T, scale, H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr,
-           IS_VARLEN: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-           LIM: tl.constexpr):
-    """One chunk: its A (``_intra``), stored for the backward in the dtype its products use, then
-    o = scale * qg S_c + A v one V tile after another, from the stored chunk-start states (one program per
-    chunk, so that A is formed once however many V tiles there are)."""
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
+def _fwd_o(qg, v, A, hs, o, cidx, T, scale, H, K: tl.constexpr, V: tl.constexpr, IS_VARLEN: tl.constexpr,
+           BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr):
+    """o = scale * qg S_c + A v for one chunk and one V tile, from the stored chunk-start states.  The V
+    tiles of one chunk are neighbours in the grid, so its qg and A rows are read from L2 after the first."""
+    i_cv, i_h = tl.program_id(0), tl.program_id(1)
+    i_c, i_v = i_cv // NV, i_cv % NV
     t0, t1 = _chunk_bounds(i_c, cidx, T, IS_VARLEN, BT)
     o_t = tl.arange(0, BT)
     rows = t0 + o_t
     m = rows < t1
-    p_A = A + (rows[:, None] * H + i_h) * BT + o_t[None, :]
-    tl.store(p_A, _intra(q, k, gc, t0, t1, i_h, scale, H, K, GATE, BT, BC, BK, LIM).to(A.dtype.element_ty),
-             mask=m[:, None])
-    # A read back (from L2) rather than kept in registers: on the H200 (Triton 3.6) the product's bf16 result fed
-    # straight into the next product faulted with an illegal address at K 64, V 32 (BK 64 > BV 32)
-    tl.debug_barrier()
-    b_A = tl.load(p_A, mask=m[:, None], other=0.).to(v.dtype.element_ty)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
     p_s = (i_c * H + i_h).to(tl.int64) * K * V
-    for i_v in range(0, tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        b_o = tl.zeros([BT, BV], dtype=tl.float32)
-        for i_k in range(0, tl.cdiv(K, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            m_k = o_k < K
-            b_q = tl.load(qg + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
-            b_S = tl.load(hs + p_s + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-            b_o += tl.dot(b_q, b_S.to(b_q.dtype))
-        b_v = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m[:, None] & m_v[None, :], other=0.)
-        b_o = b_o * scale + tl.dot(b_A, b_v)
-        tl.store(o + (rows[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
-                 mask=m[:, None] & m_v[None, :])
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_q = tl.load(qg + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
+        b_S = tl.load(hs + p_s + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+        b_o += tl.dot(b_q, b_S.to(b_q.dtype))
+    b_v = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m[:, None] & m_v[None, :], other=0.)
+    b_A = tl.load(A + (rows[:, None] * H + i_h) * BT + o_t[None, :], mask=m[:, None], other=0.)
+    b_o = b_o * scale + tl.dot(b_A.to(b_v.dtype), b_v)
+    tl.store(o + (rows[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
+             mask=m[:, None] & m_v[None, :])
 
 
 # ----------------------------------------------------------------------------- host side
@@ -204,27 +207,25 @@ def gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen):
     return gc, qg, kg
 
 
-def _a_dtype(q, v):
-    """A is stored in the dtype its products cast it to (v's in the forward, dO's = q's in the backward), so
-    the stored copy gives the same bits at half the bytes for bf16; fp32 where the two differ."""
-    return q.dtype if v.dtype == q.dtype else torch.float32
-
-
 def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
     geo = _geometry(q, v, cu_seqlens)
     B, T, H, K, V, N, varlen, cidx, NC, cu, coff = geo
     gate = _gate_kind(g)
     TT = B * T
     gc, qg, kg = gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen)
-    # then the states, then one kernel for A and the output: 4 warps and one pipeline stage (H200, per call, at
-    # the Figure 8 GLA (B 256, T 192, H 2, K 32, V 64) 0.031 ms against 0.044 with 8 warps, at a stack of 9
-    # (B 2304, T 320) 0.39 against 0.60; benchmarks/gla_profile.py --warps "fwd_o=4/1,8/1,4/2")
+    A = torch.empty(TT, H, BT, device=q.device, dtype=torch.float32)
+    _fwd_intra[(NC, H)](q, k, gc, A, cidx, T, scale, H, K=K, GATE=gate, IS_VARLEN=varlen, BT=BT, BC=BC,
+                        BK=_intra_bk(K), LIM=diag_block_limit(q.dtype), num_warps=4,
+                        num_stages=1)  # H200: 0.085 against 0.148 ms with 3 stages at (64,512,2,256)
     hs, ht = run_states(kg, v, gc, gate, h0, output_final_state, geo, 1.0, False)
-    A = torch.empty(TT, H, BT, device=q.device, dtype=_a_dtype(q, v))
+    # 4 warps where a program's state is one K tile: H200, per call, 0.022 -> 0.016 ms at the Figure 8 GLA
+    # (B 256, T 192, H 2, K 32, V 64), 0.267 -> 0.221 at a stack of 9 (B 2304, T 320), 0.298 -> 0.269 at K = V = 64
+    # (benchmarks/gla_profile.py --warps "fwd_o=8,4")
     o = torch.empty(TT, H, V, device=q.device, dtype=q.dtype)
     bk, bv = _par_tiles(K, V)
-    _fwd_o[(NC, H)](q, k, qg, v, gc, hs, A, o, cidx, T, scale, H, K=K, V=V, GATE=gate, IS_VARLEN=varlen,
-                    BT=BT, BC=BC, BK=bk, BV=bv, LIM=diag_block_limit(q.dtype), num_warps=4, num_stages=1)
+    nv = triton.cdiv(V, bv)
+    _fwd_o[(NC * nv, H)](qg, v, A, hs, o, cidx, T, scale, H, K=K, V=V, IS_VARLEN=varlen,
+                         BT=BT, BK=bk, BV=bv, NV=nv, num_warps=4 if K <= 64 else 8)
     return o.view(B, T, H, V), ht, A, (gc, qg, kg), hs, geo
 
 
@@ -271,7 +272,7 @@ def _op_fwd_fake(q, k, v, g, h0, cu_seqlens, scale, output_final_state):
     f32 = torch.float32
     gated = g is not None
     return (q.new_empty(B, T, H, V), q.new_empty(B, H, K, V, dtype=f32) if output_final_state else _empty(q, f32),
-            q.new_empty(B * T, H, BT, dtype=_a_dtype(q, v)), g.new_empty(g.shape, dtype=f32) if gated else _empty(q),
+            q.new_empty(B * T, H, BT, dtype=f32), g.new_empty(g.shape, dtype=f32) if gated else _empty(q),
             torch.empty_like(q) if gated else _empty(q), torch.empty_like(k) if gated else _empty(q),
             q.new_empty(NC, H, K, V, dtype=torch.bfloat16 if k.dtype == torch.bfloat16 else f32),
             _empty(q, torch.int32), _empty(q, torch.int32))

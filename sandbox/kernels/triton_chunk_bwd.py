@@ -35,7 +35,7 @@ from sandbox.kernels.triton_chunk_common import (BC, BT, _block_decay, _bwd_tile
 @triton.jit
 def _bwd_dA(v, do, dA, cidx, T, scale, H, V: tl.constexpr, IS_VARLEN: tl.constexpr, BT: tl.constexpr,
             BV: tl.constexpr):
-    """dA = scale * dO v^T over one chunk, masked to j <= i: fp32, [TT, H, BT] (the layout of A).  Its own kernel so
+    """dA = scale * dO v^T over one chunk, masked to j <= i: fp32, [TT, H, BT] like A.  Its own kernel so
     that the gradient programs only load it (accumulating it there beside dq and dk made them spill)."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     t0, t1 = _chunk_bounds(i_c, cidx, T, IS_VARLEN, BT)

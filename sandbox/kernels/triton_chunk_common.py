@@ -139,6 +139,11 @@ def diag_block_limit(dtype) -> float:
     return 0.0 if dtype == torch.float16 else 40.0
 
 
+def _intra_bk(K: int) -> int:
+    """K tile of the whole-chunk intra kernel of the forward."""
+    return max(16, min(64, _p2(K)))
+
+
 def _seq_cfg(K: int, V: int):
     sb = _seq_block()
     bk, bv = max(16, min(sb, _p2(K))), max(16, min(sb, _p2(V)))
