@@ -217,9 +217,10 @@ def _family_cases(dtype):
         (f"gla_diag_strong_decay_{dn}", chunk_gla_rec, (2, 200, 2, 64, 64, "diag"), dict(h0=True, strength=4.0), 0.125),
         (f"gla_diag_mixed_decay_{dn}", chunk_gla_rec, (2, 300, 2, 128, 64, "diag"), dict(h0=True, strength="mixed"),
          0.1),
-        # GSA's second pass at d_model 64: 64 slot keys against 32-wide values, the K tile wider than the V tile
-        # (a fused output kernel faulted there on the H200 in bf16, nowhere else; branch fused-fwd-o)
+        # the K tile wider than the V tile, where a fused output kernel (branch fused2) miscompiled on the H200 in bf16:
+        # K 64 V 32 (GSA's second pass at d_model 64) faulted; at K 128 V 16 the backward read a bf16 A wrongly
         (f"gla_diag_K64_V32_{dn}", chunk_gla_rec, (2, 333, 2, 64, 32, "diag"), dict(h0=True), 0.125),
+        (f"gla_diag_K128_V16_{dn}", chunk_gla_rec, (2, 192, 2, 128, 16, "diag"), dict(h0=True), 0.125),
         (f"gla_diag_varlen_{dn}", chunk_gla_rec, (1, 600, 2, 100, 72, "diag"),
          dict(h0=True, varlen=[130, 0, 64, 1, 0, 305, 100]), 0.1),
         (f"gla_scalar_varlen_{dn}", chunk_gla_rec, (1, 600, 3, 64, 64, "scalar"),
