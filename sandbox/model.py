@@ -9,6 +9,7 @@ from torch import nn
 from sandbox.config import ModelConfig
 from sandbox.kernels.embedding import embedding
 from sandbox.mixers import Mixer, MixerContext, build_mixer
+from sandbox.mixers.base import gather_rows
 
 
 def make_norm(kind: str, d: int) -> nn.Module:
@@ -42,8 +43,15 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg.d_model, cfg.mlp_expand) if cfg.channel_mixer == "swiglu" else None
         self.norm2 = make_norm(cfg.norm, cfg.d_model) if self.mlp is not None else None
 
-    def forward(self, x):
-        x = x + self.mixer(autocast_input(self.norm1(x)))
+    def forward(self, x, positions=None):
+        """``positions`` (int64 ``[B, P]``): return only those rows (the last block, under a head that reads a
+        few positions per sequence). The mixer still sees every position, but what works per token (the
+        residual, the channel mixer and its norm, the mixer's own per-token end) runs on the P rows alone."""
+        h = autocast_input(self.norm1(x))
+        if positions is None:
+            x = x + self.mixer(h)
+        else:
+            x = gather_rows(x, positions) + self.mixer.forward_at(h, positions)
         if self.mlp is not None:
             x = x + self.mlp(autocast_input(self.norm2(x)))
         return x
@@ -82,10 +90,9 @@ class LanguageModel(nn.Module):
         x = embedding(self.embed.weight, tokens)   # its backward sums repeated tokens first
         if self.pos is not None:
             x = x + self.pos.weight[: tokens.shape[1]]
-        for block in self.blocks:
+        for block in self.blocks[:-1]:
             x = block(x)
-        if positions is not None:
-            x = x.gather(1, positions[..., None].expand(-1, -1, x.shape[-1]))
+        x = self.blocks[-1](x, positions)
         return self.norm(x) @ self.embed.weight.t()
 
     def aux_loss(self) -> torch.Tensor | None:

@@ -109,15 +109,15 @@ def test_ctrl_c_inside_a_stacked_step_acts_after_the_step(tmp_path, monkeypatch)
     cfgs = configs()
     straight = [tmp_path / "a" / str(i) for i in range(3)]
     train_replicas(cfgs, straight, progress=False)
-    forward, calls = LinearMixer.forward, []
+    forward, calls = LinearMixer.forward_at, []
 
-    def forward_sending_sigint(self, x):            # 2 layers: call 9 is the first layer of step 5
+    def forward_sending_sigint(self, x, positions):     # 2 layers: call 9 is the first layer of step 5
         if torch.is_grad_enabled():
             calls.append(None)
             if len(calls) == 9:
                 os.kill(os.getpid(), signal.SIGINT)
-        return forward(self, x)
-    monkeypatch.setattr(LinearMixer, "forward", forward_sending_sigint)
+        return forward(self, x, positions)
+    monkeypatch.setattr(LinearMixer, "forward_at", forward_sending_sigint)
     resumed = [tmp_path / "b" / str(i) for i in range(3)]
     with pytest.raises(KeyboardInterrupt):
         train_replicas(cfgs, resumed, progress=False)

@@ -128,3 +128,33 @@ def test_loss_on_scored_positions_equals_full_logits_loss():
     full_loss = F.cross_entropy(full.flatten(0, 1), y.flatten(), ignore_index=-100)
     part_loss = F.cross_entropy(part.flatten(0, 1), ys.flatten(), ignore_index=-100)
     assert torch.allclose(full_loss, part_loss, atol=1e-6)
+
+
+@pytest.mark.parametrize("mixer", ["attention", "gla", "metala", "mamba2", "gsa"])
+def test_scored_positions_give_the_full_models_loss_and_gradients(mixer):
+    """With positions, the last block runs its per-token work (the residual, the channel mixer, a linear
+    mixer's output norm, gate and projection) on the scored rows only: the loss and every weight's gradient
+    equal those of the full logits (float64 on the CPU)."""
+    import torch.nn.functional as F
+
+    from sandbox.train import build, scored_positions
+
+    cfg = load_config(data={**TINY, "task": {**TINY["task"], "seq_len": 24},
+                            "model": {**TINY["model"], "mixer": mixer, "n_heads": 2, "channel_mixer": "swiglu"}})
+    task, model = build(cfg, torch.device("cpu"))
+    model = model.double()
+    x, y = task.sample(8, "train", 0)
+    pos, ys = scored_positions(y, task.max_targets)
+    assert pos.shape[1] < x.shape[1]
+
+    def loss_and_grads(logits, targets):
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        return loss, torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+
+    full, g_full = loss_and_grads(model(x), y)
+    part, g_part = loss_and_grads(model(x, pos), ys)
+    assert torch.allclose(full, part, rtol=1e-12, atol=0)
+    for (name, _), a, b in zip(model.named_parameters(), g_full, g_part):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert torch.allclose(a, b, rtol=1e-9, atol=1e-14), name

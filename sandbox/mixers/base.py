@@ -9,6 +9,9 @@ Optional extras a mixer may override:
     the last forward handed over once (a second call gives None): a stack of replicas reads it under vmap,
     and a vmapped tensor left on the module would escape the compiled step (Inductor cannot take it);
   * ``state_size(seq_len)`` -> recurrent state size in elements per sequence;
+  * ``forward_at(x, positions)`` -> the output at a few rows only, ``[batch, P, d_model]`` (the last layer,
+    under a head that reads P positions): by default the whole output, then those rows; a mixer whose
+    output ends in per-token work does that work on the P rows alone;
   * ``graph_safe()`` -> True when a training step with this mixer may be a CUDA graph;
   * capture: while ``self.capture`` is a dict, ``forward`` stores analysis tensors in it
     (``keys``, ``values``, ``routing``, ``final_state``, ``gates`` ...) without changing
@@ -51,6 +54,10 @@ class Mixer(nn.Module):
     def aux_loss(self) -> torch.Tensor | None:
         return None
 
+    def forward_at(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``self(x)`` at ``positions`` (int64 ``[B, P]``) only."""
+        return gather_rows(self(x), positions)
+
     def graph_safe(self) -> bool:
         """Whether forward and backward keep static shapes and never wait on the host, so a
         training step can be captured as a CUDA graph and its replicas stacked
@@ -83,6 +90,12 @@ def register(name: str, config_cls: type = NoConfig) -> Callable[[type[Mixer]], 
         return cls
 
     return deco
+
+
+def gather_rows(t: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``t[b, positions[b]]`` for ``t`` of shape ``[B, T, ...]``: ``[B, P, ...]``."""
+    idx = positions.view(*positions.shape, *([1] * (t.dim() - 2))).expand(-1, -1, *t.shape[2:])
+    return t.gather(1, idx)
 
 
 def mixer_names() -> list[str]:

@@ -26,7 +26,7 @@ from torch import nn
 from sandbox.kernels import IMPLS, linear_recurrence
 from sandbox.kernels.short_conv import short_conv
 from sandbox.kernels.split_linear import split_linear
-from sandbox.mixers.base import Mixer, MixerContext
+from sandbox.mixers.base import Mixer, MixerContext, gather_rows
 from sandbox.mixers.feature_maps import FEATURE_MAPS, balance_loss, chosen_indices, feature_map, softmax_topk
 
 TRANSITIONS = ("none", "constant", "scalar", "diagonal", "delta", "gated_delta")
@@ -279,13 +279,24 @@ class LinearMixer(Mixer):
         return self.o_proj(o)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_at(x, None)
+
+    def forward_at(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        """The recurrence over every position; ``finish`` (per token: norm, gate, projection) at ``positions``
+        only (``None``: every position)."""
         p = self.features(x)
         for name in ("q", "k", "v", "g"):
             if p[name] is not None:
                 self.record({"q": "queries", "k": "keys", "v": "values", "g": "gates"}[name], p[name])
         if "routing" in p:
             self.record("routing", p["routing"])
-        return self.finish(self.recur(p), x, p)
+        o = self.recur(p)
+        if positions is not None:
+            B, T = x.shape[:2]
+            o, x = gather_rows(o, positions), gather_rows(x, positions)
+            p = {n: gather_rows(t, positions) if isinstance(t, torch.Tensor) and t.shape[:2] == (B, T) else t
+                 for n, t in p.items()}
+        return self.finish(o, x, p)
 
     def aux_loss(self):
         aux, self._aux = self._aux, None   # handed over once (base.py)
