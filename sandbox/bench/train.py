@@ -460,6 +460,8 @@ def main_train(argv=None) -> int:
         rows.append(summarise(name, data, new, old, stacked))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
         print_profile(new)
+        if new.get("profile"):
+            (out / name / "profile.json").write_text(json.dumps({"kernels": new["profile"], "by_op": new["by_op"]}))
         if new.get("by_op"):
             print("    by operator (eager replay of the compiled step; own kernels' time):")
         for k in new.get("by_op", []):
