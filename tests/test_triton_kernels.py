@@ -190,6 +190,30 @@ def test_chunk_gla_varlen_several_state_tiles(monkeypatch):
     _compare(gla, _inputs(1, 100, 2, 20, 24, "diag", N=4), cu=torch.tensor([0, 0, 64, 65, 100]))
 
 
+def gla_on_slices(q, k, v, g=None, beta=None, **kw):
+    """chunk_gla fed q, k and v as column slices of one wider [B, T, W] tensor (as a split projection hands
+    them over), with unused columns between them; the kernels must read them in place."""
+    from sandbox.kernels.triton_chunk_common import as_rows
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    gap = q.new_zeros(B, T, 3)
+    wide = torch.cat([gap, v.flatten(2), q.flatten(2), gap, k.flatten(2), gap], -1)
+    vs = wide[..., 3:3 + H * V].view(B, T, H, V)
+    qs = wide[..., 3 + H * V:3 + H * (V + K)].view(B, T, H, K)
+    ks = wide[..., 6 + H * (V + K):6 + H * (V + 2 * K)].view(B, T, H, K)
+    assert all(as_rows(x) is x and not x.is_contiguous() for x in (qs, ks, vs))   # read in place, no copy
+    return chunk_gla(qs, ks, vs, g, **kw)
+
+
+@pytest.mark.parametrize("gate", ["none", "scalar", "diag"])
+def test_chunk_gla_reads_column_slices_in_place(monkeypatch, gate):
+    # every kernel that reads q, k or v (the gate prep, the intra-chunk products, the state passes, the
+    # output, dA and the gradient kernel) at a row stride wider than H x K: 16 x 16 state tiles (3 K tiles,
+    # so dA has its own kernel), two sequences, and strong decay (the exact diagonal sums read k too)
+    monkeypatch.setenv("SANDBOX_TRITON_SEQ_BLOCK", "16")
+    _compare(gla_on_slices, _inputs(2, 70, 2, 40, 36, gate, decay=(-1.5, 2.0)))
+
+
 def test_chunk_gla_without_final_state():
     # no gradient of the final state: the reverse state sweep starts from zero
     inp = _inputs(1, 100, 2, 20, 24, "diag")

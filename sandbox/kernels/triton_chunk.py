@@ -33,14 +33,14 @@ import triton
 import triton.language as tl
 
 from sandbox.kernels.triton_chunk_common import (BC, BT, _chunk_bounds, _chunk_decay, _diag_decay, _gate_kind,
-                                                 _geometry, _intra_bk, _p2, _par_tiles, _pick, chunk_table,
-                                                 diag_block_limit, fold_replicas, run_states)
+                                                 _geometry, _intra_bk, _p2, _par_tiles, _pick, as_rows, chunk_table,
+                                                 diag_block_limit, fold_replicas, row_stride, run_states)
 from sandbox.kernels.triton_chunk_bwd import _bwd
 
 __all__ = ["chunk_gla", "chunk_table"]
 
 @triton.jit
-def _gate_prep(q, k, g, gc, qg, kg, cidx, T, H, K: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+def _gate_prep(q, k, g, gc, qg, kg, cidx, T, SQ, SK, H, K: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
                BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr):
     """Per chunk and [BT, BK] tile: gc = chunk-local cumulative log-decay (fp32), qg = q exp(gc) and
     kg = k exp(gl - gc) in the input dtype (gl = the chunk's total).  The state recurrences then only
@@ -63,14 +63,14 @@ def _gate_prep(q, k, g, gc, qg, kg, cidx, T, H, K: tl.constexpr, GATE: tl.conste
             tl.store(gc + rows * H + i_h, b1, mask=m)
         b = b1[:, None]
         gl = tl.sum(tl.where(rows == t1 - 1, b1, 0.), axis=0)
-    b_q = tl.load(q + p, mask=mk, other=0.).to(tl.float32)
-    b_k = tl.load(k + p, mask=mk, other=0.).to(tl.float32)
+    b_q = tl.load(q + rows[:, None] * SQ + i_h * K + o_k[None, :], mask=mk, other=0.).to(tl.float32)
+    b_k = tl.load(k + rows[:, None] * SK + i_h * K + o_k[None, :], mask=mk, other=0.).to(tl.float32)
     tl.store(qg + p, (b_q * tl.exp(b)).to(qg.dtype.element_ty), mask=mk)
     tl.store(kg + p, (b_k * tl.exp(tl.where(mk, gl - b, 0.))).to(kg.dtype.element_ty), mask=mk)
 
 
 @triton.jit
-def _fwd_intra(q, k, gc, A, cidx, T, scale,
+def _fwd_intra(q, k, gc, A, cidx, T, scale, SQ, SK,
                H, K: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
                BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, LIM: tl.constexpr):
     """A[i, j] = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i, one whole chunk per program.
@@ -95,8 +95,8 @@ def _fwd_intra(q, k, gc, A, cidx, T, scale,
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         m_tk = m[:, None] & m_k[None, :]
-        b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.)
-        b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.)
+        b_q = tl.load(q + rows[:, None] * SQ + i_h * K + o_k[None, :], mask=m_tk, other=0.)
+        b_k = tl.load(k + rows[:, None] * SK + i_h * K + o_k[None, :], mask=m_tk, other=0.)
         if GATE == 2:
             b_g = tl.load(gc + (rc[:, None] * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.)
             if whole:
@@ -132,7 +132,7 @@ def _fwd_intra(q, k, gc, A, cidx, T, scale,
             if (ts < t1) & (_pick(fast, r) == 0):
                 o_r = tl.arange(0, BC)
                 m_r = ts + o_r < t1
-                accd = _diag_exact(q, k, gc, ts, t1, i_h, H, K, BC, BK)
+                accd = _diag_exact(q, k, gc, ts, t1, i_h, SQ, SK, H, K, BC, BK)
                 tl.store(A + ((ts + o_r)[:, None] * H + i_h) * BT + r * BC + o_r[None, :], accd * scale,
                          mask=m_r[:, None])
     else:
@@ -140,7 +140,7 @@ def _fwd_intra(q, k, gc, A, cidx, T, scale,
 
 
 @triton.jit
-def _diag_exact(q, k, gc, ts, t1, i_h, H, K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
+def _diag_exact(q, k, gc, ts, t1, i_h, SQ, SK, H, K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
     """The BC x BC diagonal block starting at row ts, summed exactly one column j at a time:
     sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i (zero elsewhere and on rows past t1)."""
     o_r = tl.arange(0, BC)
@@ -151,12 +151,12 @@ def _diag_exact(q, k, gc, ts, t1, i_h, H, K: tl.constexpr, BC: tl.constexpr, BK:
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :],
+        b_q = tl.load(q + rows[:, None] * SQ + i_h * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :],
                       other=0.).to(tl.float32)
         b_g = tl.load(gc + (rl[:, None] * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.)
         for j in range(0, BC):
             tj = tl.minimum(ts + j, t1 - 1)  # rows past the end only meet masked rows
-            k_j = tl.load(k + (tj * H + i_h) * K + o_k, mask=m_k, other=0.).to(tl.float32)
+            k_j = tl.load(k + tj * SK + i_h * K + o_k, mask=m_k, other=0.).to(tl.float32)
             g_j = tl.load(gc + (tj * H + i_h) * K + o_k, mask=m_k, other=0.)
             e = tl.exp(tl.where(((o_r >= j) & m_r)[:, None], b_g - g_j[None, :], float("-inf")))
             accd += tl.where(o_r[None, :] == j, tl.sum(b_q * k_j[None, :] * e, axis=1)[:, None], 0.)
@@ -164,7 +164,7 @@ def _diag_exact(q, k, gc, ts, t1, i_h, H, K: tl.constexpr, BC: tl.constexpr, BK:
 
 
 @triton.jit
-def _fwd_o(qg, v, A, hs, o, cidx, T, scale, H, K: tl.constexpr, V: tl.constexpr, IS_VARLEN: tl.constexpr,
+def _fwd_o(qg, v, A, hs, o, cidx, T, scale, SQ, SV, H, K: tl.constexpr, V: tl.constexpr, IS_VARLEN: tl.constexpr,
            BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr):
     """o = scale * qg S_c + A v for one chunk and one V tile, from the stored chunk-start states.  The V
     tiles of one chunk are neighbours in the grid, so its qg and A rows are read from L2 after the first."""
@@ -181,10 +181,10 @@ def _fwd_o(qg, v, A, hs, o, cidx, T, scale, H, K: tl.constexpr, V: tl.constexpr,
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_q = tl.load(qg + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
+        b_q = tl.load(qg + rows[:, None] * SQ + i_h * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
         b_S = tl.load(hs + p_s + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
         b_o += tl.dot(b_q, b_S.to(b_q.dtype))
-    b_v = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m[:, None] & m_v[None, :], other=0.)
+    b_v = tl.load(v + rows[:, None] * SV + i_h * V + o_v[None, :], mask=m[:, None] & m_v[None, :], other=0.)
     b_A = tl.load(A + (rows[:, None] * H + i_h) * BT + o_t[None, :], mask=m[:, None], other=0.)
     b_o = b_o * scale + tl.dot(b_A.to(b_v.dtype), b_v)
     tl.store(o + (rows[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
@@ -193,16 +193,17 @@ def _fwd_o(qg, v, A, hs, o, cidx, T, scale, H, K: tl.constexpr, V: tl.constexpr,
 
 # ----------------------------------------------------------------------------- host side
 
+
 def gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen):
     """(gc, qg, kg): chunk-local cumulative log-decay (fp32, g's shape) and the decayed q and k;
     (q, q, k) without a gate (gc then unused)."""
     if gate == 0:
         return q, q, k
     gc = torch.empty(g.shape, device=g.device, dtype=torch.float32)
-    qg, kg = torch.empty_like(q), torch.empty_like(k)
+    qg, kg = q.new_empty(q.shape), k.new_empty(k.shape)
     bk = max(16, min(64, _p2(K)))
     nk = triton.cdiv(K, bk)
-    _gate_prep[(NC * nk, H)](q, k, g, gc, qg, kg, cidx, T, H, K=K, GATE=gate, IS_VARLEN=varlen,
+    _gate_prep[(NC * nk, H)](q, k, g, gc, qg, kg, cidx, T, row_stride(q), row_stride(k), H, K=K, GATE=gate, IS_VARLEN=varlen,
                              BT=BT, BK=bk, NK=nk, num_warps=4)
     return gc, qg, kg
 
@@ -214,7 +215,7 @@ def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
     TT = B * T
     gc, qg, kg = gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen)
     A = torch.empty(TT, H, BT, device=q.device, dtype=torch.float32)
-    _fwd_intra[(NC, H)](q, k, gc, A, cidx, T, scale, H, K=K, GATE=gate, IS_VARLEN=varlen, BT=BT, BC=BC,
+    _fwd_intra[(NC, H)](q, k, gc, A, cidx, T, scale, row_stride(q), row_stride(k), H, K=K, GATE=gate, IS_VARLEN=varlen, BT=BT, BC=BC,
                         BK=_intra_bk(K), LIM=diag_block_limit(q.dtype), num_warps=4,
                         num_stages=1)  # H200: 0.085 against 0.148 ms with 3 stages at (64,512,2,256)
     hs, ht = run_states(kg, v, gc, gate, h0, output_final_state, geo, 1.0, False)
@@ -224,7 +225,7 @@ def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
     o = torch.empty(TT, H, V, device=q.device, dtype=q.dtype)
     bk, bv = _par_tiles(K, V)
     nv = triton.cdiv(V, bv)
-    _fwd_o[(NC * nv, H)](qg, v, A, hs, o, cidx, T, scale, H, K=K, V=V, IS_VARLEN=varlen,
+    _fwd_o[(NC * nv, H)](qg, v, A, hs, o, cidx, T, scale, row_stride(qg), row_stride(v), H, K=K, V=V, IS_VARLEN=varlen,
                          BT=BT, BK=bk, BV=bv, NV=nv, num_warps=4 if K <= 64 else 8)
     return o.view(B, T, H, V), ht, A, (gc, qg, kg), hs, geo
 
@@ -254,6 +255,7 @@ def _empty(like, dtype=None):
 @torch.library.custom_op("sandbox::chunk_gla_fwd", mutates_args=(), schema=_FWD_SCHEMA)
 def _op_fwd(q, k, v, g, h0, cu_seqlens, scale, output_final_state):
     """(o, final state, A, gc, qg, kg, chunk-start states, chunk table, first chunk of each segment)."""
+    q, k, v = as_rows(q), as_rows(k), as_rows(v)
     o, ht, A, (gc, qg, kg), hs, geo = _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens)
     varlen = cu_seqlens is not None
     if g is None:                             # _fwd hands back q and k themselves
@@ -273,7 +275,7 @@ def _op_fwd_fake(q, k, v, g, h0, cu_seqlens, scale, output_final_state):
     gated = g is not None
     return (q.new_empty(B, T, H, V), q.new_empty(B, H, K, V, dtype=f32) if output_final_state else _empty(q, f32),
             q.new_empty(B * T, H, BT, dtype=f32), g.new_empty(g.shape, dtype=f32) if gated else _empty(q),
-            torch.empty_like(q) if gated else _empty(q), torch.empty_like(k) if gated else _empty(q),
+            q.new_empty(q.shape) if gated else _empty(q), k.new_empty(k.shape) if gated else _empty(q),
             q.new_empty(NC, H, K, V, dtype=torch.bfloat16 if k.dtype == torch.bfloat16 else f32),
             _empty(q, torch.int32), _empty(q, torch.int32))
 
@@ -288,6 +290,7 @@ def _op_bwd(q, k, v, g, gc, qg, kg, hs, A, do, dht, cu_seqlens, cidx, coff, scal
                cu_seqlens.to(torch.int32).contiguous(), coff)
     else:
         geo = _geometry(q, v, None)
+    q, k, v = as_rows(q), as_rows(k), as_rows(v)      # as the forward read them
     dq, dk, dv, dg, dh0 = _bwd(q, k, v, g, _none(gc), _none(qg), _none(kg), hs, scale, A, do, dht, geo, need_dh0)
     return (dq, dk, dv, dg if dg is not None else _empty(q),
             dh0 if dh0 is not None else _empty(q, torch.float32))
@@ -296,7 +299,7 @@ def _op_bwd(q, k, v, g, gc, qg, kg, hs, A, do, dht, cu_seqlens, cidx, coff, scal
 @_op_bwd.register_fake
 def _op_bwd_fake(q, k, v, g, gc, qg, kg, hs, A, do, dht, cu_seqlens, cidx, coff, scale, need_dh0):
     B, T, H, K = q.shape
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             torch.empty_like(g) if g is not None else _empty(q),
             q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32) if need_dh0 else _empty(q, torch.float32))
 
@@ -326,7 +329,9 @@ def _op_fwd_vmap(info, in_dims, q, k, v, g, h0, cu_seqlens, scale, output_final_
     if cu_seqlens is not None or in_dims[5] is not None:
         raise NotImplementedError("chunk_gla: vmap over packed segments (cu_seqlens) is not supported")
     R = info.batch_size
-    q, k, v, g, h0 = (fold_replicas(x, d, R) for x, d in zip((q, k, v, g, h0), in_dims[:5]))
+    q, k, v = (as_rows(x.movedim(d, 0).flatten(0, 1)) if d is not None else fold_replicas(x, d, R)
+               for x, d in zip((q, k, v), in_dims[:3]))      # a projection's column slices stay in place
+    g, h0 = (fold_replicas(x, d, R) for x, d in zip((g, h0), in_dims[3:5]))
     out = torch.ops.sandbox.chunk_gla_fwd(q, k, v, g, h0, None, scale, output_final_state)
     o, ht = out[0], out[1]
     o = o.view(R, -1, *o.shape[1:])
@@ -360,7 +365,7 @@ def chunk_gla(q, k, v, g=None, *, scale=1.0, initial_state=None, output_final_st
         raise ValueError(f"initial_state: shape {tuple(initial_state.shape)} must be {(N, H, K, v.shape[-1])}")
     if initial_state is not None:
         initial_state = initial_state.float().contiguous()
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    q, k, v = as_rows(q), as_rows(k), as_rows(v)      # column slices of a projection are read in place
     g = g.contiguous() if g is not None else None
     o, ht = torch.ops.sandbox.chunk_gla_fwd(q, k, v, g, initial_state, cu_seqlens, float(scale),
                                             bool(output_final_state))[:2]

@@ -29,11 +29,11 @@ import triton
 import triton.language as tl
 
 from sandbox.kernels.triton_chunk_common import (BC, BT, _block_decay, _bwd_tiles, _chunk_bounds, _gate_kind, _pick,
-                                                 diag_block_limit, run_states)
+                                                 diag_block_limit, row_stride, run_states)
 
 
 @triton.jit
-def _bwd_dA(v, do, dA, cidx, T, scale, H, V: tl.constexpr, IS_VARLEN: tl.constexpr, BT: tl.constexpr,
+def _bwd_dA(v, do, dA, cidx, T, scale, SV, H, V: tl.constexpr, IS_VARLEN: tl.constexpr, BT: tl.constexpr,
             BV: tl.constexpr):
     """dA = scale * dO v^T over one chunk, masked to j <= i: fp32, [TT, H, BT] like A.  Its own kernel so
     that the gradient programs only load it (accumulating it there beside dq and dk made them spill)."""
@@ -47,14 +47,14 @@ def _bwd_dA(v, do, dA, cidx, T, scale, H, V: tl.constexpr, IS_VARLEN: tl.constex
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m[:, None] & (o_v < V)[None, :]
         b_do = tl.load(do + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)
-        b_v = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)
+        b_v = tl.load(v + rows[:, None] * SV + i_h * V + o_v[None, :], mask=m_tv, other=0.)
         acc += tl.dot(b_do, tl.trans(b_v))
     acc = tl.where((o_t[None, :] <= o_t[:, None]) & m[None, :], acc * scale, 0.)
     tl.store(dA + (rows[:, None] * H + i_h) * BT + o_t[None, :], acc, mask=m[:, None])
 
 
 @triton.jit
-def _bwd_chunk(q, k, v, gc, kg, A, dA, do, h, dh, dq, dk, dv, dg, cidx, T, TT, scale,
+def _bwd_chunk(q, k, v, gc, kg, A, dA, do, h, dh, dq, dk, dv, dg, cidx, T, TT, scale, SQ, SK, SV, SKG,
                H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
                BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK: tl.constexpr,
                NV: tl.constexpr, LIM: tl.constexpr):
@@ -62,7 +62,8 @@ def _bwd_chunk(q, k, v, gc, kg, A, dA, do, h, dh, dq, dk, dv, dg, cidx, T, TT, s
     stored states, the intra-chunk parts from dA.  Otherwise dv of V tile i_t - NK.  The NK + NV tiles of
     a chunk are neighbours in the grid: they share its rows and states in L2.  With one K tile (NK = 1)
     the K-tile program forms dA itself from the dO and v tiles it loads anyway; with more, ``_bwd_dA``
-    forms it once for all of them."""
+    forms it once for all of them.  SQ, SK, SV, SKG: the row strides of q, k, v and kg (``as_rows``); the
+    gradients are contiguous."""
     i_ct, i_h = tl.program_id(0), tl.program_id(1)
     i_c, i_t = i_ct // (NK + NV), i_ct % (NK + NV)
     t0, t1 = _chunk_bounds(i_c, cidx, T, IS_VARLEN, BT)
@@ -85,7 +86,7 @@ def _bwd_chunk(q, k, v, gc, kg, A, dA, do, h, dh, dq, dk, dv, dg, cidx, T, TT, s
             m_tv = m[:, None] & m_v[None, :]
             m_h = m_k[:, None] & m_v[None, :]
             b_do = tl.load(do + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)
-            b_v = tl.load(v + (rows[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)
+            b_v = tl.load(v + rows[:, None] * SV + i_h * V + o_v[None, :], mask=m_tv, other=0.)
             b_S = tl.load(h + p_s + o_k[:, None] * V + o_v[None, :], mask=m_h, other=0.)
             b_dS = tl.load(dh + p_s + o_k[:, None] * V + o_v[None, :], mask=m_h, other=0.)
             b_dq += tl.dot(b_do, tl.trans(b_S.to(b_do.dtype)))
@@ -95,8 +96,8 @@ def _bwd_chunk(q, k, v, gc, kg, A, dA, do, h, dh, dq, dk, dv, dg, cidx, T, TT, s
             if GATE > 0:
                 hs += tl.sum(b_S.to(tl.float32) * b_dS.to(tl.float32), axis=1)
         p_k = (rows[:, None] * H + i_h) * K + o_k[None, :]
-        b_q = tl.load(q + p_k, mask=m_tk, other=0.)
-        b_k = tl.load(k + p_k, mask=m_tk, other=0.)
+        b_q = tl.load(q + rows[:, None] * SQ + i_h * K + o_k[None, :], mask=m_tk, other=0.)
+        b_k = tl.load(k + rows[:, None] * SK + i_h * K + o_k[None, :], mask=m_tk, other=0.)
         if NK == 1:
             b_dA = tl.where((o_t[None, :] <= o_t[:, None]) & m[None, :], acc * scale, 0.)
         else:
@@ -120,7 +121,7 @@ def _bwd_chunk(q, k, v, gc, kg, A, dA, do, h, dh, dq, dk, dv, dg, cidx, T, TT, s
                 b_dq += tl.dot(dAb, ke) * tl.exp(b_g - g0[None, :])
                 b_dk += tl.dot(tl.trans(dAb), qe) * tl.exp(g0[None, :] - b_g)
             else:
-                b_dq = _intra_dq(b_dq, b_dA, b_k, b_g, k, gc, t0, t1, i_h, o_k, m_k, H, K, BT, BC, BK, LIM)
+                b_dq = _intra_dq(b_dq, b_dA, b_k, b_g, k, gc, t0, t1, i_h, o_k, m_k, SK, H, K, BT, BC, BK, LIM)
                 b_dk = _intra_dk(b_dk, b_dA, b_q, b_g, gc, t0, t1, i_h, o_k, m_k, H, K, BT, BC, BK, LIM)
         else:
             if GATE == 1:
@@ -155,7 +156,8 @@ def _bwd_chunk(q, k, v, gc, kg, A, dA, do, h, dh, dq, dk, dv, dg, cidx, T, TT, s
         for i_k in range(0, tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
-            b_kg = tl.load(kg + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m[:, None] & m_k[None, :], other=0.)
+            b_kg = tl.load(kg + rows[:, None] * SKG + i_h * K + o_k[None, :], mask=m[:, None] & m_k[None, :],
+                           other=0.)
             b_dS = tl.load(dh + p_s + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
             b_dv += tl.dot(b_kg, b_dS.to(b_kg.dtype))
         p_v = (rows[:, None] * H + i_h) * V + o_v[None, :]
@@ -166,7 +168,7 @@ def _bwd_chunk(q, k, v, gc, kg, A, dA, do, h, dh, dq, dk, dv, dg, cidx, T, TT, s
 
 
 @triton.jit
-def _intra_dq(b_dq, dA, b_k, b_g, k, gc, t0, t1, i_h, o_k, m_k, H, K: tl.constexpr,
+def _intra_dq(b_dq, dA, b_k, b_g, k, gc, t0, t1, i_h, o_k, m_k, SK, H, K: tl.constexpr,
               BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, LIM: tl.constexpr):
     """dq_i += sum_{j <= i} dA_ij exp(gc_i - gc_j) k_j for one K tile under the diagonal gate.  Row block r
     (BC rows) meets every earlier column through one product with gc at its first row as the reference
@@ -186,7 +188,7 @@ def _intra_dq(b_dq, dA, b_k, b_g, k, gc, t0, t1, i_h, o_k, m_k, H, K: tl.constex
     b_R = tl.load(gc + (rs[:, None] * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.)
     b_dq += acc * tl.exp(b_g - b_R)
     if tl.min(fast.to(tl.int32), axis=0) == 0:
-        b_dq = _exact_diag(b_dq, dA, b_k, b_g, fast, k, gc, t0, t1, i_h, o_k, m_k, H, K, BT, BC, False)
+        b_dq = _exact_diag(b_dq, dA, b_k, b_g, fast, k, gc, t0, t1, i_h, o_k, m_k, SK, H, K, BT, BC, False)
     return b_dq
 
 
@@ -210,16 +212,16 @@ def _intra_dk(b_dk, dA, b_q, b_g, gc, t0, t1, i_h, o_k, m_k, H, K: tl.constexpr,
     b_R = tl.load(gc + (re[:, None] * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.)
     b_dk += acc * tl.exp(b_R - b_g)
     if tl.min(fast.to(tl.int32), axis=0) == 0:
-        b_dk = _exact_diag(b_dk, dA, b_q, b_g, fast, gc, gc, t0, t1, i_h, o_k, m_k, H, K, BT, BC, True)
+        b_dk = _exact_diag(b_dk, dA, b_q, b_g, fast, gc, gc, t0, t1, i_h, o_k, m_k, H * K, H, K, BT, BC, True)
     return b_dk
 
 
 @triton.jit
-def _exact_diag(acc, dA, b_x, b_g, fast, q_or_k, gc, t0, t1, i_h, o_k, m_k, H, K: tl.constexpr,
+def _exact_diag(acc, dA, b_x, b_g, fast, q_or_k, gc, t0, t1, i_h, o_k, m_k, SK, H, K: tl.constexpr,
                 BT: tl.constexpr, BC: tl.constexpr, FOR_DK: tl.constexpr):
     """The pairs inside the diagonal blocks that are not fast, exactly, one column j at a time:
     w_ij = dA_ij exp(gc_i - gc_j) for i >= j in j's block; dq_i += w_ij k_j (b_x unused, q_or_k = k), or
-    dk_j += sum_i w_ij q_i (b_x = q tile)."""
+    dk_j += sum_i w_ij q_i (b_x = q tile).  SK: k's row stride."""
     o_t = tl.arange(0, BT)
     m = t0 + o_t < t1
     blk = o_t // BC
@@ -234,7 +236,7 @@ def _exact_diag(acc, dA, b_x, b_g, fast, q_or_k, gc, t0, t1, i_h, o_k, m_k, H, K
             if FOR_DK:
                 acc += tl.where((o_t == j)[:, None], tl.sum(w * b_x.to(tl.float32), axis=0)[None, :], 0.)
             else:
-                k_j = tl.load(q_or_k + (tj * H + i_h) * K + o_k, mask=m_k, other=0.).to(tl.float32)
+                k_j = tl.load(q_or_k + tj * SK + i_h * K + o_k, mask=m_k, other=0.).to(tl.float32)
                 acc += w * k_j[None, :]
     return acc
 
@@ -254,7 +256,7 @@ def _bwd(q, k, v, g, gc, qg, kg, hs, scale, A, do, dht, geo, need_dh0):
     dA = q                          # with one K tile, _bwd_chunk forms dA itself
     if NK > 1:
         dA = torch.empty(TT, H, BT, device=dev, dtype=torch.float32)
-        _bwd_dA[(NC, H)](v, do, dA, cidx, T, scale, H, V=V, IS_VARLEN=varlen, BT=BT, BV=bv, num_warps=4)
+        _bwd_dA[(NC, H)](v, do, dA, cidx, T, scale, row_stride(v), H, V=V, IS_VARLEN=varlen, BT=BT, BV=bv, num_warps=4)
     dq = torch.empty(TT, H, K, device=dev, dtype=q.dtype)
     dk = torch.empty(TT, H, K, device=dev, dtype=k.dtype)
     dv = torch.empty(TT, H, V, device=dev, dtype=v.dtype)
@@ -264,7 +266,8 @@ def _bwd(q, k, v, g, gc, qg, kg, hs, scale, A, do, dht, geo, need_dh0):
     elif gate == 1:
         dg = torch.empty(NK, TT, H, device=dev, dtype=g.dtype if NK == 1 else torch.float32)
     _bwd_chunk[(NC * (NK + NV), H)](q, k, v, gp, kg, A, dA, do, hs, dh, dq, dk, dv, dg if dg is not None else q,
-                                        cidx, T, TT, scale, H, K=K, V=V, GATE=gate, IS_VARLEN=varlen, BT=BT, BC=BC,
+                                        cidx, T, TT, scale, row_stride(q), row_stride(k), row_stride(v),
+                                        row_stride(kg), H, K=K, V=V, GATE=gate, IS_VARLEN=varlen, BT=BT, BC=BC,
                                         BK=bk, BV=bv, NK=NK, NV=NV, LIM=diag_block_limit(q.dtype), num_warps=4)
     if gate == 1:
         dg = (dg[0] if NK == 1 else dg.sum(0).to(g.dtype)).view(B, T, H)
