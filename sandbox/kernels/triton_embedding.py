@@ -86,9 +86,10 @@ def _row_sums(part, bounds, out, D, R, BT: tl.constexpr, BD: tl.constexpr, BLK: 
     s = tl.load(bounds + v).to(tl.int64)
     e = tl.load(bounds + R + v).to(tl.int64)                                      # s = e = 0: no such token
     first = s // BT
-    last = tl.where(e > s, tl.maximum(e - 1, 0) // BT, first - 1)                # the tiles the run spans
-    acc = tl.zeros([BD], dtype=tl.float32)
-    for t0 in range(first, last + 1, BLK):
+    last = tl.where(e > s, tl.maximum(e - 1, 0) // BT, first)                    # the tiles the run spans
+    # the first tile on its own: most tokens of a batch occur in one tile only
+    acc = tl.load(part + tl.minimum(first * BT + BT - 1, e - 1) * D + cols, mask=mc & (s + 0 * cols < e), other=0.0)
+    for t0 in range(first + 1, last + 1, BLK):
         t = t0 + tl.arange(0, BLK)
         end = tl.minimum(t * BT + BT - 1, e - 1)                                  # the run's last row in tile t
         blk = tl.load(part + end[:, None] * D + cols[None, :], mask=(t <= last)[:, None] & mc[None, :], other=0.0)
