@@ -244,6 +244,9 @@ def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
 # traces the model around them) and torch.func.vmap folds stacked model replicas into their batch.
 # The forward returns what the backward needs (custom ops save only inputs and outputs); tensors a
 # case does not use come back empty. Neither op may return an alias of an input.
+# Both take their inputs in any layout (``flexible_layout``): q, k and v are read in place where ``as_rows``
+# allows, the rest made contiguous. With exact strides, Inductor copied q, k and v wherever it had padded the
+# projection's rows (it pads row strides of 1024 elements or more: 1552 -> 1600 at GLA d512), once for each op.
 
 _FWD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor? h0, Tensor? cu_seqlens, float scale, "
                "bool output_final_state) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
@@ -256,15 +259,20 @@ def _none(x):
     return x if x is not None and x.numel() else None
 
 
+def _contiguous(x):
+    return x.contiguous() if x is not None else None
+
+
 def _empty(like, dtype=None):
     """A fresh empty tensor (every output of a custom op must be its own tensor)."""
     return like.new_empty(0, dtype=dtype if dtype is not None else like.dtype)
 
 
-@torch.library.custom_op("sandbox::chunk_gla_fwd", mutates_args=(), schema=_FWD_SCHEMA)
+@torch.library.custom_op("sandbox::chunk_gla_fwd", mutates_args=(), schema=_FWD_SCHEMA, tags=(torch.Tag.flexible_layout,))
 def _op_fwd(q, k, v, g, h0, cu_seqlens, scale, output_final_state):
     """(o, final state, A, gc, qg, kg, chunk-start states, chunk table, first chunk of each segment)."""
     q, k, v = as_rows(q), as_rows(k), as_rows(v)
+    g, h0 = _contiguous(g), _contiguous(h0)
     o, ht, A, (gc, qg, kg), hs, geo = _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens)
     varlen = cu_seqlens is not None
     if g is None:                             # _fwd hands back q and k themselves
@@ -289,7 +297,7 @@ def _op_fwd_fake(q, k, v, g, h0, cu_seqlens, scale, output_final_state):
             _empty(q, torch.int32), _empty(q, torch.int32))
 
 
-@torch.library.custom_op("sandbox::chunk_gla_bwd", mutates_args=(), schema=_BWD_SCHEMA)
+@torch.library.custom_op("sandbox::chunk_gla_bwd", mutates_args=(), schema=_BWD_SCHEMA, tags=(torch.Tag.flexible_layout,))
 def _op_bwd(q, k, v, g, gc, qg, kg, hs, A, do, dht, cu_seqlens, cidx, coff, scale, need_dh0):
     """(dq, dk, dv, dg, d initial state); dg and dh0 empty where there is no gate or no initial state."""
     B, T, H, K = q.shape
@@ -300,6 +308,7 @@ def _op_bwd(q, k, v, g, gc, qg, kg, hs, A, do, dht, cu_seqlens, cidx, coff, scal
     else:
         geo = _geometry(q, v, None)
     q, k, v = as_rows(q), as_rows(k), as_rows(v)      # as the forward read them
+    g, gc, qg, kg, hs, A, do, dht = (_contiguous(x) for x in (g, gc, qg, kg, hs, A, do, dht))
     dq, dk, dv, dg, dh0 = _bwd(q, k, v, g, _none(gc), _none(qg), _none(kg), hs, scale, A, do, dht, geo, need_dh0)
     return (dq, dk, dv, dg if dg is not None else _empty(q),
             dh0 if dh0 is not None else _empty(q, torch.float32))
