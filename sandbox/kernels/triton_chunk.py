@@ -193,7 +193,6 @@ def _fwd_o(qg, v, A, hs, o, cidx, T, scale, SQ, SV, H, K: tl.constexpr, V: tl.co
 
 # ----------------------------------------------------------------------------- host side
 
-
 def gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen):
     """(gc, qg, kg): chunk-local cumulative log-decay (fp32, g's shape) and the decayed q and k;
     (q, q, k) without a gate (gc then unused)."""
@@ -203,8 +202,8 @@ def gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen):
     qg, kg = q.new_empty(q.shape), k.new_empty(k.shape)
     bk = max(16, min(64, _p2(K)))
     nk = triton.cdiv(K, bk)
-    _gate_prep[(NC * nk, H)](q, k, g, gc, qg, kg, cidx, T, row_stride(q), row_stride(k), H, K=K, GATE=gate, IS_VARLEN=varlen,
-                             BT=BT, BK=bk, NK=nk, num_warps=4)
+    _gate_prep[(NC * nk, H)](q, k, g, gc, qg, kg, cidx, T, row_stride(q), row_stride(k), H, K=K, GATE=gate,
+                             IS_VARLEN=varlen, BT=BT, BK=bk, NK=nk, num_warps=4)
     return gc, qg, kg
 
 
@@ -215,8 +214,8 @@ def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
     TT = B * T
     gc, qg, kg = gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen)
     A = torch.empty(TT, H, BT, device=q.device, dtype=torch.float32)
-    _fwd_intra[(NC, H)](q, k, gc, A, cidx, T, scale, row_stride(q), row_stride(k), H, K=K, GATE=gate, IS_VARLEN=varlen, BT=BT, BC=BC,
-                        BK=_intra_bk(K), LIM=diag_block_limit(q.dtype), num_warps=4,
+    _fwd_intra[(NC, H)](q, k, gc, A, cidx, T, scale, row_stride(q), row_stride(k), H, K=K, GATE=gate,
+                        IS_VARLEN=varlen, BT=BT, BC=BC, BK=_intra_bk(K), LIM=diag_block_limit(q.dtype), num_warps=4,
                         num_stages=1)  # H200: 0.085 against 0.148 ms with 3 stages at (64,512,2,256)
     hs, ht = run_states(kg, v, gc, gate, h0, output_final_state, geo, 1.0, False)
     # 4 warps where a program's state is one K tile: H200, per call, 0.022 -> 0.016 ms at the Figure 8 GLA
@@ -259,7 +258,8 @@ def _empty(like, dtype=None):
     return like.new_empty(0, dtype=dtype if dtype is not None else like.dtype)
 
 
-@torch.library.custom_op("sandbox::chunk_gla_fwd", mutates_args=(), schema=_FWD_SCHEMA, tags=(torch.Tag.flexible_layout,))
+@torch.library.custom_op("sandbox::chunk_gla_fwd", mutates_args=(), schema=_FWD_SCHEMA,
+                         tags=(torch.Tag.flexible_layout,))
 def _op_fwd(q, k, v, g, h0, cu_seqlens, scale, output_final_state):
     """(o, final state, A, gc, qg, kg, chunk-start states, chunk table, first chunk of each segment)."""
     q, k, v = as_rows(q), as_rows(k), as_rows(v)
@@ -288,7 +288,8 @@ def _op_fwd_fake(q, k, v, g, h0, cu_seqlens, scale, output_final_state):
             _empty(q, torch.int32), _empty(q, torch.int32))
 
 
-@torch.library.custom_op("sandbox::chunk_gla_bwd", mutates_args=(), schema=_BWD_SCHEMA, tags=(torch.Tag.flexible_layout,))
+@torch.library.custom_op("sandbox::chunk_gla_bwd", mutates_args=(), schema=_BWD_SCHEMA,
+                         tags=(torch.Tag.flexible_layout,))
 def _op_bwd(q, k, v, g, gc, qg, kg, hs, A, do, dht, cu_seqlens, cidx, coff, scale, need_dh0):
     """(dq, dk, dv, dg, d initial state); dg and dh0 empty where there is no gate or no initial state."""
     B, T, H, K = q.shape

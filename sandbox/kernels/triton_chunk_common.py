@@ -249,16 +249,18 @@ def _states(a, b, gc, s0, s_end, hs, cu, coff, T, scale, SA, SB,
 
 def run_states(a, b, gc, gate, s0, store_end, geo, scale, reverse):
     """The sequential pass ``_states``: per-chunk states (forward: a = kg, b = v) or state gradients
-    (reverse: a = qg, b = dO; each [B, T, H, *] as ``as_rows`` leaves it), kept in bf16 for bf16 inputs (they are dot operands in that dtype anyway)
-    and in fp32 otherwise; and the end value in fp32 (final state, or d(initial state)) when asked."""
+    (reverse: a = qg, b = dO; each [B, T, H, *] as ``as_rows`` leaves it), kept in bf16 for bf16 inputs (they
+    are dot operands in that dtype anyway) and in fp32 otherwise; and the end value in fp32 (final state, or
+    d(initial state)) when asked."""
     B, T, H, K, V, N, varlen, cidx, NC, cu, coff = geo
     sdt = torch.bfloat16 if a.dtype == torch.bfloat16 else torch.float32
     hs = torch.empty(NC, H, K, V, device=a.device, dtype=sdt)
     end = torch.empty(N, H, K, V, device=a.device, dtype=torch.float32) if store_end else None
     bk, bv, NK, NV, nw = _seq_cfg(K, V)
     _states[(NK * NV, N * H)](a, b, gc, s0 if s0 is not None else a, end if end is not None else a, hs, cu, coff,
-                              T, scale, row_stride(a), row_stride(b), H, K=K, V=V, GATE=gate, IS_VARLEN=varlen, REVERSE=reverse,
-                              HAS_S0=s0 is not None, STORE_END=store_end, BT=BT, BK=bk, BV=bv, NV=NV, num_warps=nw)
+                              T, scale, row_stride(a), row_stride(b), H, K=K, V=V, GATE=gate, IS_VARLEN=varlen,
+                              REVERSE=reverse, HAS_S0=s0 is not None, STORE_END=store_end, BT=BT, BK=bk, BV=bv, NV=NV,
+                              num_warps=nw)
     return hs, end
 
 
