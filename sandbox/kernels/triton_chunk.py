@@ -339,8 +339,8 @@ def _op_fwd_vmap(info, in_dims, q, k, v, g, h0, cu_seqlens, scale, output_final_
     if cu_seqlens is not None or in_dims[5] is not None:
         raise NotImplementedError("chunk_gla: vmap over packed segments (cu_seqlens) is not supported")
     R = info.batch_size
-    q, k, v = (as_rows(x.movedim(d, 0).flatten(0, 1)) if d is not None else fold_replicas(x, d, R)
-               for x, d in zip((q, k, v), in_dims[:3]))      # a projection's column slices stay in place
+    q, k, v = (x.movedim(d, 0).flatten(0, 1) if d is not None else fold_replicas(x, d, R)
+               for x, d in zip((q, k, v), in_dims[:3]))      # a projection's column slices stay views (as_rows)
     g, h0 = (fold_replicas(x, d, R) for x, d in zip((g, h0), in_dims[3:5]))
     out = torch.ops.sandbox.chunk_gla_fwd(q, k, v, g, h0, None, scale, output_final_state)
     o, ht = out[0], out[1]
@@ -375,8 +375,6 @@ def chunk_gla(q, k, v, g=None, *, scale=1.0, initial_state=None, output_final_st
         raise ValueError(f"initial_state: shape {tuple(initial_state.shape)} must be {(N, H, K, v.shape[-1])}")
     if initial_state is not None:
         initial_state = initial_state.float().contiguous()
-    q, k, v = as_rows(q), as_rows(k), as_rows(v)      # column slices of a projection are read in place
-    g = g.contiguous() if g is not None else None
     o, ht = torch.ops.sandbox.chunk_gla_fwd(q, k, v, g, initial_state, cu_seqlens, float(scale),
                                             bool(output_final_state))[:2]
     return o, ht if output_final_state else None
