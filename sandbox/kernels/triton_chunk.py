@@ -10,7 +10,8 @@ Layout of the work (chunk length BT = 64, sub-blocks of BC = 16 rows):
   forward   1. ``_gate_prep``  (parallel over chunks x K tiles): gc = chunk-local cumulative log-decay
                (fp32), qg = q exp(gc), kg = k exp(gl - gc) (gl = the chunk's total decay).
             2. ``_fwd_intra``  (parallel over chunks; one program holds the whole 64 x 64 block): the masked
-               intra-chunk matrix A[i, j] = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i.  A chunk
+               intra-chunk matrix A[i, j] = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i (stored in the
+               value dtype, ``a_dtype``).  A chunk
                that decays by less than exp(40) from its first row to its last takes one product per K
                tile with gc at its first row as the reference.  Otherwise row block r (16 rows) meets the
                earlier columns through one product with gc at its first row
@@ -32,9 +33,9 @@ import torch.utils.flop_counter
 import triton
 import triton.language as tl
 
-from sandbox.kernels.triton_chunk_common import (BC, BT, _chunk_bounds, _chunk_decay, _diag_decay, _gate_kind,
-                                                 _geometry, _intra_bk, _p2, _par_tiles, _pick, as_rows, chunk_table,
-                                                 diag_block_limit, fold_replicas, row_stride, run_states)
+from sandbox.kernels.triton_chunk_common import (BC, BT, _bwd_tiles, _chunk_bounds, _chunk_decay, _diag_decay,
+                                                 _gate_kind, _geometry, _intra_bk, _p2, _par_tiles, _pick, as_rows,
+                                                 chunk_table, diag_block_limit, fold_replicas, row_stride, run_states)
 from sandbox.kernels.triton_chunk_bwd import _bwd
 
 __all__ = ["chunk_gla", "chunk_table"]
@@ -126,17 +127,18 @@ def _fwd_intra(q, k, gc, A, cidx, T, scale, SQ, SK,
         o_b = tl.arange(0, BT // BC)
         row_fast = tl.sum(tl.where(o_b[None, :] == blk[:, None], fast[None, :], 0), axis=1)
         m_slow = (blk[:, None] == blk[None, :]) & (row_fast == 0)[:, None]
-        tl.store(p_A, acc, mask=m[:, None] & (m_slow == 0))
+        tl.store(p_A, acc.to(A.dtype.element_ty), mask=m[:, None] & (m_slow == 0))
         for r in tl.static_range(BT // BC):
             ts = t0 + r * BC
             if (ts < t1) & (_pick(fast, r) == 0):
                 o_r = tl.arange(0, BC)
                 m_r = ts + o_r < t1
                 accd = _diag_exact(q, k, gc, ts, t1, i_h, SQ, SK, H, K, BC, BK)
-                tl.store(A + ((ts + o_r)[:, None] * H + i_h) * BT + r * BC + o_r[None, :], accd * scale,
+                tl.store(A + ((ts + o_r)[:, None] * H + i_h) * BT + r * BC + o_r[None, :],
+                         (accd * scale).to(A.dtype.element_ty),
                          mask=m_r[:, None])
     else:
-        tl.store(p_A, acc, mask=m[:, None])
+        tl.store(p_A, acc.to(A.dtype.element_ty), mask=m[:, None])
 
 
 @triton.jit
@@ -193,6 +195,18 @@ def _fwd_o(qg, v, A, hs, o, cidx, T, scale, SQ, SV, H, K: tl.constexpr, V: tl.co
 
 # ----------------------------------------------------------------------------- host side
 
+def a_dtype(q, v) -> torch.dtype:
+    """The dtype A is stored in. Every product that reads A casts it to the value dtype first (o = A v in the
+    forward, dv = A^T dO in the backward), so storing it rounded gives the same bits and half the bytes (bf16:
+    12.6 MB instead of 25 MB per layer of the Figure 8 step, written once and read twice). float32 where q
+    and v differ in dtype (the backward casts dO to q's), and where the backward's V tile is under 32: with
+    a bf16 A there, ``_bwd_chunk`` at K 128, V 16 hit an illegal memory access on the H200 (Triton 3.6,
+    session 40's kernel checks, ``results/throughput/checks_b4f4797.txt``), as an earlier fused kernel had
+    read a bf16 A wrongly at that shape; V tiles of 32 and 64 passed every check."""
+    same = v.dtype == q.dtype
+    return v.dtype if same and _bwd_tiles(q.shape[-1], v.shape[-1])[1] >= 32 else torch.float32
+
+
 def gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen):
     """(gc, qg, kg): chunk-local cumulative log-decay (fp32, g's shape) and the decayed q and k;
     (q, q, k) without a gate (gc then unused)."""
@@ -213,7 +227,7 @@ def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
     gate = _gate_kind(g)
     TT = B * T
     gc, qg, kg = gate_prep(q, k, g, gate, cidx, NC, T, H, K, varlen)
-    A = torch.empty(TT, H, BT, device=q.device, dtype=torch.float32)
+    A = torch.empty(TT, H, BT, device=q.device, dtype=a_dtype(q, v))
     _fwd_intra[(NC, H)](q, k, gc, A, cidx, T, scale, row_stride(q), row_stride(k), H, K=K, GATE=gate,
                         IS_VARLEN=varlen, BT=BT, BC=BC, BK=_intra_bk(K), LIM=diag_block_limit(q.dtype), num_warps=4,
                         num_stages=1)  # H200: 0.085 against 0.148 ms with 3 stages at (64,512,2,256)
@@ -282,7 +296,7 @@ def _op_fwd_fake(q, k, v, g, h0, cu_seqlens, scale, output_final_state):
     f32 = torch.float32
     gated = g is not None
     return (q.new_empty(B, T, H, V), q.new_empty(B, H, K, V, dtype=f32) if output_final_state else _empty(q, f32),
-            q.new_empty(B * T, H, BT, dtype=f32), g.new_empty(g.shape, dtype=f32) if gated else _empty(q),
+            q.new_empty(B * T, H, BT, dtype=a_dtype(q, v)), g.new_empty(g.shape, dtype=f32) if gated else _empty(q),
             q.new_empty(q.shape) if gated else _empty(q), k.new_empty(k.shape) if gated else _empty(q),
             q.new_empty(NC, H, K, V, dtype=torch.bfloat16 if k.dtype == torch.bfloat16 else f32),
             _empty(q, torch.int32), _empty(q, torch.int32))
