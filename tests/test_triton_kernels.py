@@ -248,6 +248,27 @@ def test_chunk_gla_half_inputs():
     assert all(e <= 3e-3 for e in errs.values()), errs
 
 
+def test_chunk_gla_a_in_half_gives_the_bits_of_a_in_float32(monkeypatch):
+    # A is stored in the value dtype where the backward's V tile is 32 or wider; every product that reads it
+    # casts it to that dtype, so the outputs and gradients must equal those of A stored in float32, bit for bit
+    from sandbox.kernels import triton_chunk
+    inp = _inputs(1, 100, 2, 32, 32, "diag")
+    do = torch.randn(1, 100, 2, 32).half()
+
+    def run():
+        x = {n: (inp[n].half() if n in ("q", "k", "v") else inp[n].clone()).requires_grad_() for n in "qkvg"}
+        o, _ = chunk_gla(x["q"], x["k"], x["v"], x["g"], scale=0.7)
+        o.backward(do)
+        return [o.detach()] + [x[n].grad for n in "qkvg"]
+
+    assert triton_chunk.a_dtype(inp["q"].half(), inp["v"].half()) == torch.float16
+    half = run()
+    monkeypatch.setattr(triton_chunk, "a_dtype", lambda q, v: torch.float32)
+    full = run()
+    assert all(torch.equal(a, b) for a, b in zip(half, full))
+    assert triton_chunk._bwd_tiles(128, 16)[1] < 32     # the faulting shape keeps A in float32
+
+
 def test_unselected_rows_stay_bit_identical():
     # row-sparse top-k: rows with k == 0 and g == 0 at every step keep the initial state exactly
     inp = _inputs(1, 80, 1, 16, 16, "diag")

@@ -200,9 +200,9 @@ def a_dtype(q, v) -> torch.dtype:
     forward, dv = A^T dO in the backward), so storing it rounded gives the same bits and half the bytes (bf16:
     12.6 MB instead of 25 MB per layer of the Figure 8 step, written once and read twice). float32 where q
     and v differ in dtype (the backward casts dO to q's), and where the backward's V tile is under 32: with
-    a bf16 A there, ``_bwd_chunk`` at K 128, V 16 hit an illegal memory access on the H200 (Triton 3.6,
-    session 40's kernel checks, ``results/throughput/checks_b4f4797.txt``), as an earlier fused kernel had
-    read a bf16 A wrongly at that shape; V tiles of 32 and 64 passed every check."""
+    a bf16 A there, the check at K 128, V 16 hit an illegal memory access on the H200 (Triton 3.6, session
+    40's kernel checks, ``checks_b4f4797.txt`` in git history; the kernel was not isolated), and an earlier
+    backward had read a bf16 A wrongly at that shape; V tiles of 32 and 64 pass every check."""
     same = v.dtype == q.dtype
     return v.dtype if same and _bwd_tiles(q.shape[-1], v.shape[-1])[1] >= 32 else torch.float32
 
