@@ -265,6 +265,8 @@ from sandbox.train import build
 from sandbox.train import step as step_module
 if sys.argv[1] == "timed":                 # the code before: Inductor times the reductions' configs
     step_module.DETERMINISM = {}
+if sys.argv[1] == "serial":                # each kernel launched after the one ahead of it ends
+    step_module.LAUNCH = {}
 data = {"task": {"name": "mqar", "seq_len": 64, "num_kv_pairs": 8, "vocab_size": 512, "test_examples": 64},
         "model": {"mixer": "gla", "d_model": 128, "n_layers": 2, "n_heads": 2, "channel_mixer": "swiglu"},
         "train": {"steps": 12, "batch_size": 128, "lr": 3e-3, "early_stop": None}}
@@ -299,3 +301,28 @@ def test_a_compiled_step_trains_the_same_bits_whatever_inductor_measures(tmp_pat
 
     assert weights("fixed", "") == weights("fixed", "inverse")
     assert weights("timed", "") != weights("timed", "inverse"), "the control drew no difference"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="programmatic dependent launch needs Hopper or later")
+def test_a_step_whose_kernels_launch_early_trains_the_bits_of_one_launched_in_order(tmp_path):
+    """The step's Inductor kernels start before the kernel ahead of them ends and wait only before they touch
+    its output; a wait missing anywhere would let a kernel read a half-written buffer. 12 steps of a GLA SwiGLU
+    model give the same weights, bit for bit, as the same step with every kernel launched in stream order, and
+    the generated kernels do carry the waits (so the comparison is not of two serial runs)."""
+    import os
+    import subprocess
+    import sys
+
+    def weights(mode: str) -> str:
+        cache = tmp_path / mode
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"))
+        p = subprocess.run([sys.executable, "-c", _COMPILED_STEPS, mode], env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return p.stdout.split()[-1]
+
+    def waits(mode: str) -> int:
+        return sum("gdc_wait()" in f.read_text() for f in (tmp_path / mode / "inductor").rglob("*.py"))
+
+    assert weights("fixed") == weights("serial")
+    assert waits("fixed") > 10 and waits("serial") == 0

@@ -46,9 +46,10 @@ def update_(flat, grad, norm, exp_avg, exp_avg_sq, lr, t, clip, *, betas, eps: f
 
 
 @functools.cache
-def compiled_update():
-    """``update_`` through ``torch.compile`` (one compilation per shape, kept by Dynamo's cache)."""
-    return torch.compile(update_, dynamic=False)
+def compiled_update(options: frozenset = frozenset()):
+    """``update_`` through ``torch.compile`` with Inductor ``options`` (one compilation per shape, kept by
+    Dynamo's cache)."""
+    return torch.compile(update_, dynamic=False, options=dict(options))
 
 
 class StackedAdamW:
@@ -84,8 +85,8 @@ class StackedAdamW:
         self.lr = lr
         self.update = update_
 
-    def compile(self) -> None:
-        self.update = compiled_update()
+    def compile(self, options: dict | None = None) -> None:
+        self.update = compiled_update(frozenset((options or {}).items()))
 
     def weights(self) -> dict[str, torch.Tensor]:
         """Every weight as an [R, ...] piece of ``flat`` (differentiable: the gradient comes back as [R, P])."""
