@@ -97,15 +97,17 @@ def test_compiling_ahead_charges_the_warm_set_up_to_stacks_the_helper_finished_i
     """Three stacks. The first starts cold (10 s of start-up, 8 s of it set-up); the helper is ready 8 + 2 s in.
     The other two take 6 s of set-up from cold caches, 1 s from warm ones. With 100 s of training each, the
     helper is done with them at 16 and 22 s, before they start: each starts in 8 - 6 + 1 = 3 s. With 1 s of
-    training they start at 11 and 20 s, before the helper is done with them (16, 22 s): both start cold."""
+    training they start at 11 and 20 s, before the helper is done with them (16, 22 s): both start cold. Two
+    helpers take one each at 10 s and are done at 16 s: the second, starting at 20 s, starts warm."""
     from sandbox.bench.train import minutes_compiling_ahead
 
     def rows(train_s, setup_2=6.0):
         first = {"stacks": 1, "start_s": 10.0, "setup_s": 8.0, "warm_setup_s": 1.0, "import_s": 2.0, "train_s": train_s}
         later = dict(first, stacks=2, setup_s=setup_2, start_s=setup_2 + 2.0)
         return [first, later]
-    assert abs(minutes_compiling_ahead(rows(100.0)) * 60 - (110 + 2 * (8 - 6 + 1 + 100))) < 1e-9
-    assert abs(minutes_compiling_ahead(rows(1.0)) * 60 - (11 + 2 * (8 + 1))) < 1e-9
+    assert abs(minutes_compiling_ahead(rows(100.0), 1) * 60 - (110 + 2 * (8 - 6 + 1 + 100))) < 1e-9
+    assert abs(minutes_compiling_ahead(rows(1.0), 1) * 60 - (11 + 2 * (8 + 1))) < 1e-9
+    assert abs(minutes_compiling_ahead(rows(1.0), 2) * 60 - (11 + (8 + 1) + (8 - 6 + 1 + 1))) < 1e-9
 
 
 def test_an_estimate_from_earlier_calls_joins_their_rows_in_the_sweeps_order(tmp_path):
@@ -129,7 +131,7 @@ def test_an_estimate_from_earlier_calls_joins_their_rows_in_the_sweeps_order(tmp
     est = json.loads((tmp_path / "out" / "estimate.json").read_text())
     assert [r["kind"] for r in est["rows"]] == ["gla_d32_T32", "gla_d64_T32"] and est["gpu_minutes"] == 2.0
     assert est["kinds"] == "2 of 3" and est["torch"] == "t"
-    # one after another: the helper, ready at 9 + 3 s, is done with the second at 21 s, before it starts at 40 s
+    # one after another: a helper, ready at 9 + 3 s, is done with the second at 21 s, before it starts at 40 s
     assert abs(est["gpu_minutes_compiling_ahead"] * 60 - (10 + 30 + (10 - 9 + 2) + 30)) < 1e-9
     assert "Not timed: gla_d16_T32" in (tmp_path / "out" / "estimate.md").read_text()
     # a kind timed again in a later file: the later row counts (the kinds a change reaches, timed anew)

@@ -103,10 +103,10 @@ def test_a_second_stack_of_a_kind_compiled_in_this_process_compiles_nothing_and_
 
 
 def test_a_helper_process_compiles_stacks_so_that_each_only_traces_its_step(tmp_path, monkeypatch):
-    """``precompile.start`` compiles the steps of a list of stacks in another process, one after another (the
-    stack that trains now and those a sweep worker takes next): with a fresh compile cache, each stack's own
-    compilation afterwards finds its forward and backward there, and ``cache_warm`` says so for exactly those
-    kinds; a kind that is warm already is not queued again."""
+    """``precompile.start`` compiles the steps of a list of stacks in other processes (the stack that trains now
+    and those a sweep worker takes next), here two helpers side by side, one stack each: with a fresh compile
+    cache, each stack's own compilation afterwards finds its forward and backward there, and ``cache_warm`` says
+    so for exactly those kinds; a kind that is warm already is not queued again."""
     from torch._dynamo.utils import counters
 
     from sandbox.train import precompile
@@ -121,12 +121,13 @@ def test_a_helper_process_compiles_stacks_so_that_each_only_traces_its_step(tmp_
         stacks.append([load_config(data=data, overrides=[f"train.lr={lr}"]) for lr in (1e-3, 3e-3)])
     other = [load_config(data=copy.deepcopy(BASE), overrides=["model.d_model=12"])]
     assert not any(cache_warm(group_kind(c)) for c in stacks + [other])
-    helper = precompile.start(stacks)
-    assert precompile.pending(stacks[1]) and not precompile.pending(other)     # queued while the helper works
-    assert helper.wait(timeout=900) == 0
+    helpers = precompile.start(stacks, 2)
+    assert len(helpers) == 2
+    assert precompile.pending(stacks[1]) and not precompile.pending(other)     # queued while the helpers work
+    assert [h.wait(timeout=900) for h in helpers] == [0, 0]
     assert all(cache_warm(group_kind(c)) for c in stacks) and not cache_warm(group_kind(other))
     assert not precompile.pending(stacks[0]) and not precompile.running()
-    assert precompile.start(stacks) is None       # nothing left to compile
+    assert precompile.start(stacks, 2) == []       # nothing left to compile
     for cfgs in stacks:
         forget_compilations()
         counters.clear()
@@ -145,7 +146,7 @@ def test_while_a_stack_trains_a_helper_compiles_the_stacks_named_next(tmp_path, 
     from sandbox.train.step import cache_warm
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(precompile, "room", lambda device: True)     # the CPU has no GPU memory to weigh
+    monkeypatch.setattr(precompile, "room", lambda device: 1)        # the CPU has no GPU memory to weigh
     data = copy.deepcopy(BASE)
     data["train"].update(steps=3, eval_every=3)
     now = [load_config(data=data)]

@@ -524,3 +524,22 @@ def test_postgres_two_machines_share_one_study_and_heartbeat_retries(tmp_path):
     assert redo.state.name == "COMPLETE" and redo.user_attrs["worker"].startswith(f"{alive}:")
     res = json.loads((out / redo.user_attrs["run_dir"] / "result.json").read_text())
     assert res["steps"] == 1000 and res["history"][0]["step"] == 100   # resumed the dead machine's run
+
+
+def test_a_process_counts_as_alive_while_it_runs_the_named_module_and_not_once_it_exited():
+    """``process_alive`` decides whether a worker's trials are orphaned and whether a helper still has a stack
+    queued: a process running ``python -m timeit`` is alive as timeit (from the moment it is started, though
+    its exec may not have finished) and not as another module; once killed it is not, zombie or reaped."""
+    from sandbox.train.signals import process_alive
+
+    p = subprocess.Popen([sys.executable, "-m", "timeit", "-n", "1", "-r", "1", "import time; time.sleep(60)"])
+    try:
+        assert process_alive(p.pid, "timeit")
+        assert not process_alive(p.pid, "sandbox.sweep.worker")
+    finally:
+        p.send_signal(signal.SIGKILL)
+    while Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)                # not reaped yet: a zombie
+    assert not process_alive(p.pid, "timeit")
+    p.wait()
+    assert not process_alive(p.pid, "timeit")

@@ -303,8 +303,9 @@ def _write_estimate(path: str, rows: list[dict], gpu: str, version: str, steps: 
     lines = [f"{path} ({which}) on {gpu}: about **{total:.1f} GPU-minutes** with every stack compiling from a "
              f"cold start (stacks one after another, no early stop, timed over {steps} steps each)"]
     if ahead is not None:
-        lines += ["", f"With a helper compiling the next stacks' steps while one trains (the sweep worker's way, "
-                      f"simulated from the times below): about **{ahead:.1f} GPU-minutes**"]
+        from sandbox.train.precompile import HELPERS
+        lines += ["", f"With {HELPERS} helper processes compiling the next stacks' steps while one trains (the sweep "
+                      f"worker's way, simulated from the times below): about **{ahead:.1f} GPU-minutes**"]
     if missing:
         lines += ["", f"Not timed: {', '.join(missing)}"]
     lines += ["", "| kind | trials | stacks x replicas | ms / stacked step | trial-steps / s | start-up s | of it "
@@ -336,28 +337,31 @@ def _write_estimate(path: str, rows: list[dict], gpu: str, version: str, steps: 
     return 1 if any("error" in r for r in rows) or missing else 0
 
 
-def minutes_compiling_ahead(rows: list[dict]) -> float:
-    """GPU-minutes of the timed kinds' stacks trained one after another by one worker whose helper process
-    compiles the next stacks' steps meanwhile (sandbox/train/precompile.py), from each kind's measured times:
-    its training (``train_s``), its start-up from cold caches (``start_s``, of which ``setup_s`` is the set-up)
-    and its set-up with warm ones (``warm_setup_s``). The first stack starts cold; once it is ready the helper
-    starts (``import_s``) and compiles the stacks after it in order, each in its cold set-up's time. A stack
-    whose step the helper has compiled when it starts pays the warm set-up; one that starts before pays the
-    cold start-up, and the helper skips it unless it had begun on it. The helper's own GPU work (one step per
-    stack) is left out."""
+def minutes_compiling_ahead(rows: list[dict], helpers: int | None = None) -> float:
+    """GPU-minutes of the timed kinds' stacks trained one after another by one worker whose ``helpers`` helper
+    processes compile the next stacks' steps meanwhile (sandbox/train/precompile.py), from each kind's measured
+    times: its training (``train_s``), its start-up from cold caches (``start_s``, of which ``setup_s`` is the
+    set-up) and its set-up with warm ones (``warm_setup_s``). The first stack starts cold; once it is ready the
+    helpers start (``import_s``), and each takes the next stack in the queue whenever it is free, compiling it in
+    its cold set-up's time. A stack whose step is compiled when it starts pays the warm set-up; one that starts
+    before pays the cold start-up (a helper that had begun on it finishes it), and one that starts before any
+    helper took it is left to itself. ``helpers``: the runner's (``precompile.HELPERS``) unless given. The
+    helpers' own GPU work (one step per stack) is left out."""
+    if helpers is None:
+        from sandbox.train.precompile import HELPERS as helpers
     seq = [r for r in rows for _ in range(r["stacks"])]
     t = seq[0]["start_s"] + seq[0]["train_s"]
-    helper = seq[0]["setup_s"] + seq[0]["import_s"]         # when the helper is free for the next stack
-    for r in seq[1:]:
-        cost = r["setup_s"]
-        if helper + cost <= t:                              # compiled before the stack starts
-            start = r["start_s"] - r["setup_s"] + r["warm_setup_s"]
-            helper += cost
-        else:
-            start = r["start_s"]
-            if helper <= t:                                 # it had begun on this one: it finishes it
-                helper += cost
-        t += start + r["train_s"]
+    free = [seq[0]["setup_s"] + seq[0]["import_s"]] * helpers     # when each helper can take another stack
+    compiled = {}                                                  # stack -> when a helper finishes its step
+    taken = 1                                                      # stacks before this one are taken or started
+    for i, r in enumerate(seq[1:], 1):
+        taken = max(taken, i)
+        while taken < len(seq) and min(free) <= t:                # helpers free before stack i starts
+            h = free.index(min(free))
+            compiled[taken] = free[h] = free[h] + seq[taken]["setup_s"]
+            taken += 1
+        warm = compiled.get(i, float("inf")) <= t
+        t += (r["start_s"] - r["setup_s"] + r["warm_setup_s"] if warm else r["start_s"]) + r["train_s"]
     return t / 60
 
 

@@ -6,8 +6,8 @@ With ``--stack N`` it takes up to N waiting trials whose configurations differ o
 learning rate and seed (a grid point's tuned values) and trains them as stacked replicas
 of one model: one process start, one compilation and one data pool for all of them, and
 each still its own trial, run directory, early stop and result. Trials that resume from
-checkpoints go first, stacked with those interrupted at the same step. While a group trains, a helper
-process compiles the steps of the next stacks in the queue (``next_stacks``, sandbox/train/precompile.py),
+checkpoints go first, stacked with those interrupted at the same step. While a group trains, helper
+processes compile the steps of the next stacks in the queue (``next_stacks``, sandbox/train/precompile.py),
 so they start compiled and pay only the tracing.
 
 A group that runs out of GPU memory while other processes hold most of it is requeued and the
@@ -44,8 +44,8 @@ from sandbox.sweep.study import (FINAL_FAIL, HOST, heartbeat_interval, holds, lo
                                  open_storage, requeue, trials_in, uses_heartbeat)
 
 
-# stacks of the queue whose steps a helper compiles ahead of this worker (precompile.py): a few, since the
-# queue may change (other workers claim, trials finish early), and one helper compiles a kind in 20-30 s
+# stacks of the queue whose steps helpers compile ahead of this worker (precompile.py): a few, since the
+# queue may change (other workers claim, trials finish early), and a helper compiles a kind in 20-30 s
 PREFETCH = 4
 
 

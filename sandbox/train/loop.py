@@ -208,9 +208,9 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
     group = Group(cfgs)
     device, step, batch, autocast = group.device, group.step, group.batch, group.step.autocast
     # a stack that may compile later has its step compiled by a helper meanwhile (precompile.py), with the
-    # stacks that train next (``prefetch``), started once the stack's own memory is known; a helper with
-    # stacks of later groups outlives this one
-    helper, ahead, want_compile = None, [], False
+    # stacks that train next (``prefetch``), started once the stack's own memory is known; helpers with
+    # stacks of later groups outlive this one
+    helpers, ahead, want_compile = [], [], False
     runs = [_Run(c, o, t, m, t_start) for c, o, t, m in zip(cfgs, outs, group.tasks, group.models)]
     for r, run in enumerate(runs):
         run.load(step, r, device)
@@ -282,10 +282,10 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
                         run.setup_s = setup_s
                     if step.compiled:                # its caches are warm now: helpers leave its kind out
                         mark_cache_warm(step.kind)
-                    if helper is None and not ahead and precompile.room(device):
+                    fit = 0 if helpers or ahead else precompile.room(device)
+                    if fit:
                         ahead = prefetch() if prefetch is not None and not precompile.running() else []
-                        stacks = ([cfgs] if group.compile_later else []) + ahead
-                        helper = precompile.start(stacks) if stacks else None
+                        helpers = precompile.start(([cfgs] if group.compile_later else []) + ahead, fit)
                 for r in active:
                     runs[r].state["step"] = s
                 last = s == tc.steps
@@ -342,8 +342,9 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
             results[r] = runs[r].finish("failed", f"{type(e).__name__}: {e}", R)
         raise
     finally:
-        if helper is not None and not ahead:
-            precompile.stop(helper)
+        if not ahead:
+            for helper in helpers:
+                precompile.stop(helper)
     return results
 
 

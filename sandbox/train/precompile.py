@@ -11,8 +11,12 @@ under ``TORCHINDUCTOR_CACHE_DIR``) and leaves a marker there (``step.cache_warm`
 - the stacks a sweep worker will take next (``train_replicas(prefetch=...)``): they start compiled from their
   first step, so a worker's later stacks pay the tracing only, not a cold compilation.
 
-Stacks of a kind that is warm already, or queued in another live helper, are left out; a helper works through
-its list in order and exits when its parent does.
+Stacks of a kind that is warm already, or queued in another live helper, are left out. A process runs up to
+``HELPERS`` helpers at once, the stacks dealt to them in turn; each works through its list in order and exits
+when its parent does. One helper could not keep up with short stacks: a cold compilation takes 24-37 s on the
+H200, as long as a stack of 3 d64-d128 Figure 8 runs trains (14-19 s), so in part 2 of Figure 8 about half the
+stacks started before theirs was ready (simulated from each kind's measured times, results/sse_fig8_topk/:
+19.9 GPU-minutes with one helper, 18.9 with two, 18.4 if every stack started warm).
 
 A separate process, not a thread: compiling traces through functorch's vmap, whose state is shared by
 the threads of a process, and a thread compiling beside the stack's own vmapped steps breaks both.
@@ -33,17 +37,18 @@ from sandbox.train.signals import process_alive
 from sandbox.train.step import cache_warm, warm_marker
 
 STEPS = 3           # the helper's runs are this long: its batch pool holds no more than it uses
+HELPERS = 2         # helper processes at once (the device machine's 16 cores compile two at about full speed)
 _helpers: list[subprocess.Popen] = []       # the helpers this process started
 
 
-def room(device) -> bool:
-    """Whether a helper fits beside the stack: on a GPU with room for twice what this process holds at its
-    peak (the helper holds about as much, and other workers may share the GPU)."""
+def room(device) -> int:
+    """How many helpers (at most ``HELPERS``) fit beside the stack: each holds about what this process holds at
+    its peak, and as much again stays free (other workers may share the GPU)."""
     import torch
     if device.type != "cuda":
-        return False
+        return 0
     free, _ = torch.cuda.mem_get_info(device)
-    return free > 2 * torch.cuda.max_memory_reserved(device)
+    return max(0, min(HELPERS, int(free // max(torch.cuda.max_memory_reserved(device), 1)) - 1))
 
 
 def _queue_file(kind) -> Path:
@@ -69,25 +74,28 @@ def running() -> bool:
     return any(p.poll() is None for p in _helpers)
 
 
-def start(stacks) -> subprocess.Popen | None:
-    """Start compiling the steps of ``stacks`` (each a list of run configs), one after another, in a helper
-    process. Stacks of a kind that is warm or queued already are left out; None when none is left."""
+def start(stacks, processes: int = 1) -> list[subprocess.Popen]:
+    """Start compiling the steps of ``stacks`` (each a list of run configs) in up to ``processes`` helper
+    processes, the stacks dealt to them in turn, each helper's one after another. Stacks of a kind that is warm
+    or queued already are left out; no helper when none is left."""
     from sandbox.config import to_dict
     todo = [cfgs for cfgs in stacks if not (cache_warm(group_kind(cfgs)) or queued(group_kind(cfgs)))]
-    if not todo:
-        return None
-    p = subprocess.Popen([sys.executable, "-m", "sandbox.train.precompile"], stdin=subprocess.PIPE,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
-    for cfgs in todo:
-        path = _queue_file(group_kind(cfgs))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(str(p.pid))
-    p.stdin.write(json.dumps([[to_dict(c) for c in cfgs] for cfgs in todo]).encode())
-    p.stdin.close()
-    if not _helpers:
-        atexit.register(stop_all)
-    _helpers.append(p)
-    return p
+    n = max(0, min(processes, len(todo)))
+    started = []
+    for share in (todo[i::n] for i in range(n)):
+        p = subprocess.Popen([sys.executable, "-m", "sandbox.train.precompile"], stdin=subprocess.PIPE,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+        for cfgs in share:
+            path = _queue_file(group_kind(cfgs))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(str(p.pid))
+        p.stdin.write(json.dumps([[to_dict(c) for c in cfgs] for cfgs in share]).encode())
+        p.stdin.close()
+        if not _helpers:
+            atexit.register(stop_all)
+        _helpers.append(p)
+        started.append(p)
+    return started
 
 
 def stop(p: subprocess.Popen) -> None:

@@ -62,11 +62,14 @@ class HeldSignals:
 
 def process_alive(pid: int, module: str) -> bool:
     """Is ``pid`` a live process of ``python -m module`` on this host? (With /proc, a reused pid or a zombie is
-    not; without it, any live pid counts.)"""
+    not, and one still in its exec is; without /proc, any live pid counts.)"""
     if Path("/proc/self").exists():
         try:
-            return module.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if not cmdline:         # a zombie, or a process just started and still in its exec (no command yet)
+                return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+            return module.encode() in cmdline
+        except (OSError, IndexError):
             return False
     try:
         os.kill(pid, 0)
