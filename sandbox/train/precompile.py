@@ -37,7 +37,7 @@ from sandbox.train.signals import process_alive
 from sandbox.train.step import cache_warm, warm_marker
 
 STEPS = 3           # the helper's runs are this long: its batch pool holds no more than it uses
-HELPERS = 2         # helper processes at once (the device machine's 16 cores compile two at about full speed)
+HELPERS = 2         # helper processes at once (two compilations side by side; not yet timed against one)
 _helpers: list[subprocess.Popen] = []       # the helpers this process started
 
 

@@ -114,7 +114,7 @@ REDUCTIONS = {"triton.mix_order_reduction": False}
 # the step and of the optimizer's update is launched while the kernel before it still runs, and waits
 # (``griddepcontrol.wait``) only before it touches what that one wrote, so its start overlaps the other's tail.
 # On the H200 the Figure 8 step went from 1.490 to 1.424 ms (1.05x), attention d64 1.02x, Gated DeltaNet
-# 0.99x (its large kernels share the GPU with the next one's waiting blocks), the same bits in all three
+# 0.99x (0.97x in another call; why was not measured), the same bits in all three
 # (results/throughput/bench_pdl.json). A CUDA graph keeps the launch attribute as a programmatic edge.
 LAUNCH = {"triton.enable_pdl": True}
 
