@@ -113,20 +113,23 @@ REDUCTIONS = {"triton.mix_order_reduction": False}
 # Programmatic dependent launch (Hopper and later; Inductor generates none elsewhere): each Inductor kernel of
 # the step and of the optimizer's update is launched while the kernel before it still runs, and waits
 # (``griddepcontrol.wait``) only before it touches what that one wrote, so its start overlaps the other's tail.
-# On the H200 the Figure 8 step went from 1.490 to 1.424 ms (1.05x), attention d64 1.02x, Gated DeltaNet
-# 0.99x (0.97x in another call; why was not measured), the same bits in all three
-# (results/throughput/bench_pdl.json). A CUDA graph keeps the launch attribute as a programmatic edge.
+# It pays where kernels are short and launches dominate: on the H200 the Figure 8 step went from 1.490 to 1.424
+# ms (1.05x), attention d64 1.02x, Gated DeltaNet 0.99x, the same bits in all three. A stack's kernels are long,
+# and there the early programs only sit on SMs the running kernel could use: stacks of 9 GLA top-8 0.972x and
+# GSA top-16 0.982x, stacks of 3 GLA d64 1.007x and GSA d64 0.992x (results/throughput/bench_pdl.json). So a
+# single run's step launches early and a stack's does not. A CUDA graph keeps the attribute as a programmatic edge.
 LAUNCH = {"triton.enable_pdl": True}
 
 
-def compile_options() -> dict:
-    """``torch.compile`` options of the step: the concatenations as ConcatKernels, where torch has the setting
-    (``max_pointwise_cat_inputs`` alone, in 2.11, only keys the on-disk caches apart from the code before),
-    reductions compiled the same way in every process, a LayerNorm's column sums without an eager finish, and
-    each kernel launched before the one ahead of it ends."""
+def compile_options(replicas: int = 1) -> dict:
+    """``torch.compile`` options of the step of ``replicas`` stacked runs: the concatenations as ConcatKernels,
+    where torch has the setting (``max_pointwise_cat_inputs`` alone, in 2.11, only keys the on-disk caches apart
+    from the code before), reductions compiled the same way in every process, a LayerNorm's column sums without
+    an eager finish, and, for a single run, each kernel launched before the one ahead of it ends."""
     from torch._inductor import config
     known = config.get_config_copy()            # every setting of this torch, nested ones by dotted name
-    return {k: v for k, v in {**CONCAT_OPTIONS, **DETERMINISM, **REDUCTIONS, **LAUNCH}.items() if k in known}
+    launch = LAUNCH if replicas == 1 else {}
+    return {k: v for k, v in {**CONCAT_OPTIONS, **DETERMINISM, **REDUCTIONS, **launch}.items() if k in known}
 
 
 @contextlib.contextmanager
@@ -227,8 +230,9 @@ class Step:
                 torch._dynamo.config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
             if self.kind is not None:
                 _compiled_kinds.add(self.kind)
-        self.forward, self.compiled = torch.compile(self._losses, dynamic=False, options=compile_options()), True
-        self.optimizer.compile(compile_options())
+        options = compile_options(self.R)
+        self.forward, self.compiled = torch.compile(self._losses, dynamic=False, options=options), True
+        self.optimizer.compile(options)
         self.graph, self.calls = None, 0
 
     # -- state that lives outside the graph ------------------------------------------------------
