@@ -63,7 +63,7 @@ env)
 checks)
     sandbox bench kernels --check --shapes none --no-fla --no-torch --no-sse --no-profile \
         --out "$OUT/checks.json" 2>&1 | tee "$OUT/checks.txt"
-    python3 -m pytest -q -rP -p no:cacheprovider -p no:logging tests/test_mqar.py tests/test_graph_step.py tests/test_replicas.py tests/test_recurrence.py \
+    python3 -m pytest -q -rP --durations=15 -p no:cacheprovider -p no:logging tests/test_mqar.py tests/test_graph_step.py tests/test_replicas.py tests/test_recurrence.py \
         tests/test_gla_small_heads.py 2>&1 | tee -a "$OUT/checks.txt"
     ;;
 bench-kernels)

@@ -39,6 +39,18 @@ def test_compiling_pays_only_for_a_long_enough_rest_of_the_run():
     assert not worth_compiling(1000, edge / 1000 * 0.99) and worth_compiling(1000, edge / 1000 * 1.01)
 
 
+def test_only_a_single_run_launches_its_kernels_early():
+    """Programmatic dependent launch made single steps faster and stacks of 9 slower on the H200
+    (results/throughput/bench_pdl.json): a step of one run compiles with it, a stack's without, and the
+    options otherwise agree."""
+    from sandbox.train.step import compile_options
+
+    single, stack = compile_options(1), compile_options(9)
+    if "triton.enable_pdl" in single:                  # a torch that has the setting
+        assert single.pop("triton.enable_pdl") is True
+    assert "triton.enable_pdl" not in stack and single == stack
+
+
 def test_a_second_stack_of_the_same_shapes_reuses_the_compilation_from_the_cache():
     """A process that compiles a stack (a sweep worker after dropping Dynamo's cache, the precompile helper) must
     find the forward and backward of a stack with the shapes of an earlier one in AOTAutograd's on-disk cache,
