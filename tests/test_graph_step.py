@@ -281,48 +281,49 @@ print(hashlib.sha1(step.optimizer.flat.detach().cpu().numpy().tobytes()).hexdige
 """
 
 
+def _compiled_weights(cache, mode: str, distort: str = "") -> str:
+    """The weights' sha1 after ``_COMPILED_STEPS`` in a process of its own, compiling into empty caches under
+    ``cache``; ``distort``: how Inductor's timings of candidate kernel configs are distorted ("" for not)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"),
+               TORCHINDUCTOR_DISTORT_BENCHMARKING_RESULT=distort)
+    p = subprocess.run([sys.executable, "-c", _COMPILED_STEPS, mode], env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return p.stdout.split()[-1]
+
+
+@pytest.fixture(scope="module")
+def fixed_step(tmp_path_factory):
+    """The step as it compiles (the project's options, Inductor timing undistorted): its weights and caches,
+    shared by the tests below (a cold compilation in a fresh process takes about half a minute)."""
+    cache = tmp_path_factory.mktemp("fixed")
+    return _compiled_weights(cache, "fixed"), cache
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Inductor times kernel configs on a GPU only")
-def test_a_compiled_step_trains_the_same_bits_whatever_inductor_measures(tmp_path):
+def test_a_compiled_step_trains_the_same_bits_whatever_inductor_measures(tmp_path, fixed_step):
     """Two processes compile the same step from empty caches; in one, Inductor's timings of the candidate
     kernel configs are inverted (``TORCHINDUCTOR_DISTORT_BENCHMARKING_RESULT``: it picks the slowest), as a
     busy or another GPU might time them. With the step's options the weights after 12 steps are the same
     bits; with Inductor timing the reductions' configs (the code before), they are not."""
-    import os
-    import subprocess
-    import sys
-
-    def weights(mode: str, distort: str) -> str:
-        cache = tmp_path / f"{mode}-{distort or 'plain'}"
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"),
-                   TORCHINDUCTOR_DISTORT_BENCHMARKING_RESULT=distort)
-        p = subprocess.run([sys.executable, "-c", _COMPILED_STEPS, mode], env=env, capture_output=True, text=True)
-        assert p.returncode == 0, p.stderr[-2000:]
-        return p.stdout.split()[-1]
-
-    assert weights("fixed", "") == weights("fixed", "inverse")
-    assert weights("timed", "") != weights("timed", "inverse"), "the control drew no difference"
+    assert fixed_step[0] == _compiled_weights(tmp_path / "fixed-inverse", "fixed", "inverse")
+    assert _compiled_weights(tmp_path / "timed", "timed") != _compiled_weights(
+        tmp_path / "timed-inverse", "timed", "inverse"), "the control drew no difference"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch needs Hopper or later")
-def test_a_step_whose_kernels_launch_early_trains_the_bits_of_one_launched_in_order(tmp_path):
+def test_a_step_whose_kernels_launch_early_trains_the_bits_of_one_launched_in_order(tmp_path, fixed_step):
     """The step's Inductor kernels start before the kernel ahead of them ends and wait only before they touch
     its output; a wait missing anywhere would let a kernel read a half-written buffer. 12 steps of a GLA SwiGLU
     model give the same weights, bit for bit, as the same step with every kernel launched in stream order, and
     the generated kernels do carry the waits (so the comparison is not of two serial runs)."""
-    import os
-    import subprocess
-    import sys
+    def waits(cache) -> int:
+        return sum("gdc_wait()" in f.read_text() for f in (cache / "inductor").rglob("*.py"))
 
-    def weights(mode: str) -> str:
-        cache = tmp_path / mode
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"))
-        p = subprocess.run([sys.executable, "-c", _COMPILED_STEPS, mode], env=env, capture_output=True, text=True)
-        assert p.returncode == 0, p.stderr[-2000:]
-        return p.stdout.split()[-1]
-
-    def waits(mode: str) -> int:
-        return sum("gdc_wait()" in f.read_text() for f in (tmp_path / mode / "inductor").rglob("*.py"))
-
-    assert weights("fixed") == weights("serial")
-    assert waits("fixed") > 10 and waits("serial") == 0
+    weights, cache = fixed_step
+    assert weights == _compiled_weights(tmp_path / "serial", "serial")
+    assert waits(cache) > 10 and waits(tmp_path / "serial") == 0
