@@ -98,7 +98,7 @@ def test_slot_scores_kernel_matches_loop(T, dk, m, dtype):
     ro, rS = naive_slot_scores(*ref, 0.3)
     (o.float() * w.float()).sum().backward()
     (ro * w).sum().backward()
-    assert o.dtype == mine[0].grad.dtype == dtype
+    assert o.dtype == torch.float32 and mine[0].grad.dtype == mine[2].grad.dtype == dtype   # scores in fp32, ds in s's
     errs = {"o": rel(o, ro), "final_state": rel(S, rS)}
     errs.update({"d" + n: rel(a.grad, b.grad) for n, a, b in zip("qksg", mine, ref)})
     tol = TOL if dtype == torch.float32 else 3e-3

@@ -32,7 +32,8 @@ LOG_GATE_MIN = -8.0
 def slot_scores(q, k, s, g, *, scale=1.0, output_final_state=False, impl="auto"):
     """q, k: [B, T, H, d_k]; s, g: [B, T, H, m] (slot writes, log-gates <= 0).
 
-    Returns ``(o [B, T, H, m] in s's dtype, final state [B, H, m, d_k] or None)``. impl: "triton" (the
+    Returns ``(o [B, T, H, m] in float32 (float64 for float64 q), final state [B, H, m, d_k] or None)``: the
+    scores stay in their accumulation dtype whatever the inputs' (GSA takes their softmax). impl: "triton" (the
     final state then carries no gradient), "torch", or "auto" = Triton on CUDA for d_k <= 256.
     """
     if impl == "triton" or (impl == "auto" and q.is_cuda and q.shape[-1] <= 256):
@@ -61,4 +62,4 @@ def slot_scores(q, k, s, g, *, scale=1.0, output_final_state=False, impl="auto")
             S = last[:, :, i, :, None].exp() * S + writes[:, :, i]
         inter = G.exp() * (qc @ torch.stack(states, 2).transpose(-1, -2))
         o = (intra + inter).permute(0, 2, 3, 1, 4).reshape(B, n * C, H, -1)[:, :T]
-    return o.to(s.dtype), (S if output_final_state else None)
+    return o, (S if output_final_state else None)

@@ -175,7 +175,7 @@ def _bwd_walk(q, k, s, gc, h, o, do, dq, dk, ds, dg, scale, T, H, M, NT, K: tl.c
             b_dq = tl.dot(qdo, b_h) * scale + tl.dot(dA, b_k.to(tl.float32))
             b_dk = tl.dot((decay * b_s).to(dt), b_dh) + tl.dot(tl.trans(dA), b_q.to(tl.float32))
             b_ds = tl.exp(mid - b_gc) * tl.dot(tl.trans(A), dm) + decay * tl.dot(b_k, tl.trans(b_dh))
-            tl.store(ds + p_m, b_ds, mask=m_tm)
+            tl.store(ds + p_m, b_ds.to(ds.dtype.element_ty), mask=m_tm)
             # a step's gate scales every later score of its slot: dg is the reverse cumulative sum of this
             b_dG = tl.where(m_tm, b_do * b_o - b_s * b_ds, 0.)
             total = tl.sum(b_dG, axis=0)
@@ -223,11 +223,11 @@ def _bwd(q, k, s, gc, h, o, do, scale):
     acc = q.dtype if NM == 1 else torch.float32
     dq = torch.empty(q.shape, device=q.device, dtype=acc)
     dk = torch.empty(k.shape, device=k.device, dtype=acc)
-    ds = torch.empty(B, T, H, M, device=q.device, dtype=torch.float32)
-    dg = torch.empty_like(ds)
+    ds = torch.empty(B, T, H, M, device=q.device, dtype=s.dtype)
+    dg = torch.empty(B, T, H, M, device=q.device, dtype=torch.float32)
     _bwd_walk[(B * H,)](q, k, s, gc, h, o, do, dq, dk, ds, dg, scale, T, H, M, triton.cdiv(T, C), K=K, C=C,
                         BM=BM, BK=BK, NM=NM, num_warps=warps_row(BK)["bwd_walk"])
-    return dq.to(q.dtype), dk.to(k.dtype), ds.to(s.dtype), dg
+    return dq.to(q.dtype), dk.to(k.dtype), ds, dg
 
 
 # ----------------------------------------------------------------------------- torch custom ops
@@ -293,13 +293,14 @@ def _op_fwd_vmap(info, in_dims, q, k, s, g, scale, output_final_state):
 def slot_scores_triton(q, k, s, g, *, scale=1.0, output_final_state=False):
     """q, k: [B, T, H, d_k]; s, g: [B, T, H, m] (slot writes, log-gates <= 0, already clamped).
 
-    Returns ``(o [B, T, H, m] in s's dtype, final state [B, H, m, d_k] fp32 without gradient, or None)``.
+    Returns ``(o [B, T, H, m] fp32, final state [B, H, m, d_k] fp32 without gradient, or None)``; ds comes back
+    in s's dtype (written so by the kernel: a 16-bit s moves half the bytes of a float32 one, in and out).
     """
     dt = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else k.dtype
     q, k = q.to(dt).contiguous(), k.to(dt).contiguous()
     o, ht = torch.ops.sandbox.slot_scores_fwd(q, k, s.contiguous(), g.contiguous(), float(scale),
                                               bool(output_final_state))[:2]
-    return o.to(s.dtype), (ht.detach() if output_final_state else None)
+    return o, (ht.detach() if output_final_state else None)
 
 
 def _flops_fwd(B, T, H, K, M):

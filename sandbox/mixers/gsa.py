@@ -60,7 +60,10 @@ class GSA(LinearMixer):
         return p
 
     def recur(self, p):
-        q, k1, s, g, v = p["q"], p["k1"], p["k"], p["g"], p["v"]
+        q, k1, g, v = p["q"], p["k1"], p["g"], p["v"]
+        # the slot writes once in the operands' dtype (bf16 under autocast), for both passes: the second pass
+        # rounds them so anyway, and the first reads them (and writes their gradient) at half a float32's bytes
+        s = p["k"].to(v.dtype)
         B, T, H, m = s.shape
         dk = self.QK
         capture = self.capture is not None
