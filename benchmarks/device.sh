@@ -65,6 +65,7 @@ checks)
         --out "$OUT/checks.json" 2>&1 | tee "$OUT/checks.txt"
     python3 -m pytest -q -rP --durations=15 -p no:cacheprovider -p no:logging tests/test_mqar.py tests/test_graph_step.py tests/test_replicas.py tests/test_recurrence.py \
         tests/test_gla_small_heads.py 2>&1 | tee -a "$OUT/checks.txt"
+    echo "pytest exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/checks.txt"   # its summary line went missing twice
     ;;
 bench-kernels)
     sandbox bench kernels --check --out "$OUT/bench_kernels.json" "$@" 2>&1 | tee "$OUT/bench_kernels.txt"

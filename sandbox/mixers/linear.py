@@ -223,7 +223,7 @@ class LinearMixer(Mixer):
                 f = self.gate_proj[1](proj["gate"])
             else:
                 f = proj["gate"]
-            f = raw = f.view(B, T, H, -1)
+            f = f.view(B, T, H, -1)
             f = f.to(torch.promote_types(f.dtype, torch.float32))  # log-decays in >= fp32 under autocast
             if cfg.transition != "diagonal":  # one scalar per head
                 f = f[..., 0]
@@ -231,9 +231,7 @@ class LinearMixer(Mixer):
         elif cfg.transition == "constant":
             p["g"] = self.log_gamma.to(x.dtype).expand(B, T, H)
         if cfg.key_from_gate:
-            # the top-k choice and the softmax read the logits in the projection's dtype (the same values:
-            # promoting them is exact), so the copy that the top-k op needs is half a float32 one
-            logits = -raw
+            logits = -f
             p["k"] = -torch.expm1(p["g"])  # 1 - alpha
         else:
             logits = parts[1].view(B, T, H, K)
