@@ -39,6 +39,7 @@ def assert_same_runs(stacked_dir, solo_dir, n, rtol=1e-9, atol=1e-11):
         assert ra["status"] == rb["status"] and ra["steps"] == rb["steps"]
         assert [h["test/loss"] for h in ra["history"]] == pytest.approx([h["test/loss"] for h in rb["history"]],
                                                                          rel=1e-9)
+        assert [h["test/accuracy"] for h in ra["history"]] == [h["test/accuracy"] for h in rb["history"]]
 
 
 @pytest.mark.parametrize("model", [None, {"gla": {"topk": 4, "conv_size": 4}},
@@ -265,3 +266,18 @@ def test_runs_resumed_at_different_steps_train_as_separate_stacks(tmp_path):
     for i, c in enumerate(cfgs):
         train(c, tmp_path / "a" / str(i), progress=False)
     assert_same_runs(tmp_path / "b", tmp_path / "a", 2)
+
+
+def test_an_evaluation_in_slices_of_rows_equals_one_in_whole_batches(tmp_path, monkeypatch):
+    """A stack's evaluation holds at most ``EVAL_LOGITS`` logits at once; at one row per slice it scores what the
+    whole test batches score (seeds 0, 0, 1: shared and own test batches)."""
+    import sandbox.train.step as step_mod
+    cfgs = configs()
+    whole = train_replicas(cfgs, [tmp_path / "whole" / str(i) for i in range(3)], progress=False)
+    monkeypatch.setattr(step_mod, "EVAL_LOGITS", 1)
+    sliced = train_replicas(cfgs, [tmp_path / "sliced" / str(i) for i in range(3)], progress=False)
+    for a, b in zip(whole, sliced):
+        assert [h["test/accuracy"] for h in a["history"]] == [h["test/accuracy"] for h in b["history"]]
+        assert [h["test/loss"] for h in a["history"]] == pytest.approx([h["test/loss"] for h in b["history"]],
+                                                                       rel=1e-12)
+    assert len({h["test/accuracy"] for r in whole for h in r["history"]}) > 1      # the scores differ somewhere

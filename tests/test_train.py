@@ -49,8 +49,9 @@ class _CtrlCWhenPickled:
 
 def test_a_ctrl_c_while_the_interrupt_saves_leaves_the_checkpoint_before(tmp_path, monkeypatch):
     """A second Ctrl-C (a sweep worker gets one from its launcher and one from its storage guard) can come
-    while the first one's checkpoint is being written. The checkpoint of step 20's evaluation stays whole,
-    and the run resumes from it to the weights of a straight run."""
+    while the first one's checkpoint is being written (in its background thread). The run waits for the write
+    before it raises: the checkpoint is whole, at step 20, no temporary file is left, and the run resumes from
+    it to the weights of a straight run."""
     from sandbox.train.step import Step
     cfg = load_config(data=TINY)
     straight = train(cfg, tmp_path / "a", progress=False)
@@ -60,7 +61,7 @@ def test_a_ctrl_c_while_the_interrupt_saves_leaves_the_checkpoint_before(tmp_pat
         if step == 20:
             os.kill(os.getpid(), signal.SIGINT)
             monkeypatch.setattr(Step, "optimizer_state",
-                                lambda self, r: {**optimizer_state(self, r), "cut": _CtrlCWhenPickled()})
+                                lambda self, *a: {**optimizer_state(self, *a), "cut": _CtrlCWhenPickled()})
 
     with pytest.raises(KeyboardInterrupt):
         train(cfg, tmp_path / "b", progress=False, on_eval=ctrl_c_at_20)
@@ -68,6 +69,20 @@ def test_a_ctrl_c_while_the_interrupt_saves_leaves_the_checkpoint_before(tmp_pat
     assert torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["state"]["step"] == 20
     assert [p.name for p in (tmp_path / "b").glob(".*.tmp")] == []
     assert_resumes_to_the_straight_run(cfg, tmp_path / "b", tmp_path / "a", straight)
+
+
+def test_a_checkpoint_that_cannot_be_written_fails_the_run_with_the_reason(tmp_path, monkeypatch):
+    """Checkpoints are written in a background thread: a write that fails there still ends the run as failed,
+    with the writer's error in result.json, and raises it."""
+    import pickle
+
+    from sandbox.train.step import Step
+    optimizer_state = Step.optimizer_state
+    monkeypatch.setattr(Step, "optimizer_state", lambda self, *a: {**optimizer_state(self, *a), "bad": lambda: 0})
+    with pytest.raises((pickle.PicklingError, AttributeError, TypeError), match="pickle"):
+        train(load_config(data=TINY), tmp_path, progress=False)
+    res = json.loads((tmp_path / "result.json").read_text())
+    assert res["status"] == "failed" and "pickle" in res["error"] and res["steps"] in (20, 40)
 
 
 def test_result_json_and_tensorboard(tmp_path):

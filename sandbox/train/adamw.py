@@ -101,10 +101,12 @@ class StackedAdamW:
                         eps=EPS, weight_decay=self.weight_decay, decayed=self.decayed)
 
     # -- one replica's state, as torch's AdamW holds it ----------------------------------------
-    def state_dict(self, r: int, steps_taken: int) -> dict:
-        """Replica r's moments as ``torch.optim.AdamW(...).state_dict()`` after ``steps_taken`` steps (copies)."""
+    def state_dict(self, r: int, steps_taken: int, device=None) -> dict:
+        """Replica r's moments as ``torch.optim.AdamW(...).state_dict()`` after ``steps_taken`` steps (copies, on
+        ``device``: default the weights')."""
         def pieces(t):
-            return [p.view(s).clone() for p, s in zip(t[r].detach().split(self.sizes), self.shapes)]
+            row = t[r].detach().to(device or t.device, copy=True)          # one copy of the row, then its views
+            return [p.view(s) for p, s in zip(row.split(self.sizes), self.shapes)]
 
         step = torch.tensor(float(steps_taken))
         state = {i: {"step": step.clone(), "exp_avg": m, "exp_avg_sq": v}

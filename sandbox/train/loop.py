@@ -12,6 +12,7 @@ non-finite loss is caught) and at evaluations.
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from sandbox.config import RunConfig, flatten, to_dict
-from sandbox.train.files import save_torch, write_json
+from sandbox.train.files import save_torch_soon, saves_done, write_json
 import sandbox.train.precompile as precompile
 from sandbox.train.group import Group, stack_key, worth_compiling, worth_regrouping
 from sandbox.train.signals import HeldSignals
@@ -90,6 +91,7 @@ class _Run:
         # where a run's wall time goes besides its replayed steps: the group's start-up (building, data pool,
         # compilation and graph capture) and its evaluations (with the checkpoint saved at each)
         self.setup_s, self.eval_s = 0.0, 0.0
+        self.first_eval_s = None         # its first evaluation (which may compile kernels for the test batch)
         self.precompiled = None          # whether a helper had compiled the step before the stack compiled it
 
     def load(self, step, r: int, device) -> None:
@@ -107,10 +109,11 @@ class _Run:
         self.state = ckpt["state"]
 
     def save(self, step, r: int) -> None:
-        # copies: the parameters are views of the stack's flat weights, which torch.save would store whole
-        model = {k: v.clone() for k, v in self.model.state_dict().items()}
-        save_torch(self.ckpt, {"model": model, "optimizer": step.optimizer_state(r), "state": self.state,
-                               "config": self.config})
+        """The checkpoint, written in the background (``finish`` waits for it): copies on the CPU of what training
+        changes next (the parameters, views of the stack's flat weights, which torch.save would store whole)."""
+        model = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        save_torch_soon(self.ckpt, {"model": model, "optimizer": step.optimizer_state(r, "cpu"),
+                                    "state": copy.deepcopy(self.state), "config": self.config})
 
     def result(self, replicas: int = 1) -> dict:
         s = self.state
@@ -120,6 +123,7 @@ class _Run:
                 "train_time_s": round(s["train_time"], 3),
                 "steps_per_sec": round(s["step"] / s["train_time"], 2) if s["train_time"] else None,
                 "setup_s": round(self.setup_s, 3), "eval_s": round(self.eval_s, 3),
+                "first_eval_s": None if self.first_eval_s is None else round(self.first_eval_s, 3),
                 "replicas": replicas, "compiled_at": self.compiled_at, "precompiled": self.precompiled,
                 "params": self.params,
                 "state_size": self.state_size,
@@ -128,6 +132,7 @@ class _Run:
     def finish(self, status: str, error: str | None = None, replicas: int = 1) -> dict:
         self.status, self.error = status, error
         res = self.result(replicas)
+        saves_done()                    # a result that says the run ended comes with its final checkpoint
         write_json(self.out / "result.json", res, indent=2, default=str)
         if status in ("completed", "early_stopped", "stopped"):
             self.writer.add_scalar("test/final_accuracy", self.state["accuracy"] or 0.0, self.state["step"])
@@ -183,6 +188,7 @@ def train_replicas(cfgs: list[RunConfig], out_dirs: list, *, progress: bool = Tr
             return results
         # runs resumed from checkpoints at different steps train as separate groups, the earliest first;
         # a group that shrank enough hands its running replicas back to train as a new group
+        saves_done()                            # the checkpoints a regrouped stack handed back
         at = {i: _checkpoint_step(outs[i]) for i in todo}
         todo = [i for i in todo if at[i] == min(at.values())]
         done = _train_group([cfgs[i] for i in todo], [outs[i] for i in todo], progress,
@@ -206,7 +212,7 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
     for o in outs:
         o.mkdir(parents=True, exist_ok=True)
     group = Group(cfgs)
-    device, step, batch, autocast = group.device, group.step, group.batch, group.step.autocast
+    device, step, batch = group.device, group.step, group.batch
     # a stack that may compile later has its step compiled by a helper meanwhile (precompile.py), with the
     # stacks that train next (``prefetch``), started once the stack's own memory is known; helpers with
     # stacks of later groups outlive this one
@@ -232,10 +238,19 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
             runs[r].save(step, r)
         results[r] = runs[r].finish(status, error, R)
 
-    def do_eval(r, s) -> None:
-        run = runs[r]
+    def do_evals(s, which) -> None:
+        """Evaluate the replicas ``which`` at step ``s`` (all in one stacked forward; each is charged its share)."""
+        if not which:
+            return
         t_eval = time.perf_counter()
-        metrics = evaluate(run.model, run.task, tc.eval_batch_size, autocast)
+        metrics = step.evaluate(group.tasks, tc.eval_batch_size)
+        share = (time.perf_counter() - t_eval) / len(which)
+        for r in which:
+            record_eval(r, s, metrics[r], share)
+
+    def record_eval(r, s, metrics, forward_s) -> None:
+        run = runs[r]
+        t_eval = time.perf_counter() - forward_s
         acc = metrics["test/accuracy"]
         run.state["accuracy"] = acc
         if acc > run.state["best_accuracy"] or run.state["best_step"] == 0:
@@ -247,6 +262,8 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
         run.writer.flush()
         run.save(step, r)
         run.eval_s += time.perf_counter() - t_eval
+        if run.first_eval_s is None:
+            run.first_eval_s = run.eval_s
         try:
             if callbacks[r] is not None:
                 callbacks[r](s, metrics)
@@ -257,9 +274,8 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
 
     results: list[dict | None] = [None] * R
     if start and start % tc.eval_every == 0:       # interrupted between a step and its evaluation
-        for r in list(active):
-            if not runs[r].state["history"] or runs[r].state["history"][-1]["step"] != start:
-                do_eval(r, start)
+        do_evals(start, [r for r in active
+                         if not runs[r].state["history"] or runs[r].state["history"][-1]["step"] != start])
     n_acc, s = 0, start
     t_log = time.perf_counter()
     steps_at_log = s
@@ -305,9 +321,8 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
                         run.writer.add_scalar("perf/steps_per_sec", sps, s)
                     step.loss_sum.zero_()
                     n_acc = 0
-                    if s % tc.eval_every == 0 or last:
-                        for r in list(active):
-                            do_eval(r, s)
+                    if (s % tc.eval_every == 0 or last) and active:
+                        do_evals(s, list(active))
                     info = _info([runs[r] for r in active] or runs, [losses[r] for r in active] or losses, sps)
                     bar.update(bar_task, completed=s, info=info)
                     steady = ready and t_log >= t_ready          # sps then counts replayed steps only
