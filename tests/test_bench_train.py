@@ -102,7 +102,8 @@ def test_compiling_ahead_charges_the_warm_set_up_to_stacks_the_helper_finished_i
     from sandbox.bench.train import minutes_compiling_ahead
 
     def rows(train_s, setup_2=6.0):
-        first = {"stacks": 1, "start_s": 10.0, "setup_s": 8.0, "warm_setup_s": 1.0, "import_s": 2.0, "train_s": train_s}
+        first = {"stacks": 1, "start_s": 10.0, "setup_s": 8.0, "warm_setup_s": 1.0, "import_s": 2.0, "train_s": train_s,
+                 "evals_s": 0.0}
         later = dict(first, stacks=2, setup_s=setup_2, start_s=setup_2 + 2.0)
         return [first, later]
     assert abs(minutes_compiling_ahead(rows(100.0), 1) * 60 - (110 + 2 * (8 - 6 + 1 + 100))) < 1e-9
@@ -122,7 +123,8 @@ def test_an_estimate_from_earlier_calls_joins_their_rows_in_the_sweeps_order(tmp
                  "model: {mixer: gla, d_model: 32}, train: {steps: 10}}\n"
                  "grid: {model.d_model: [32, 64, 16]}\ntune: {train.lr: [1.0e-3, 3.0e-3]}\n")
     row = {"trials": 2, "stacks": 1, "replicas": 2, "ms_per_stack_step": 5.0, "trial_steps_per_s": 400.0,
-           "start_s": 10.0, "setup_s": 9.0, "eval_s": 1.0, "warm_setup_s": 2.0, "import_s": 3.0, "train_s": 30.0}
+           "start_s": 10.0, "setup_s": 9.0, "eval_s": 1.0, "warm_setup_s": 2.0, "import_s": 3.0, "train_s": 30.0,
+           "evals_s": 0.0, "eval_rounds": 1}
     for name, kinds in (("a", ["gla_d64_T32"]), ("b", ["gla_d32_T32", "gla_d999_T32"])):
         rows = [{**row, "kind": k, "gpu_minutes": 1.0 + i} for i, k in enumerate(kinds)]
         (tmp_path / f"{name}.json").write_text(json.dumps({"gpu": "G", "torch": "t", "steps": 150, "rows": rows}))
@@ -141,6 +143,36 @@ def test_an_estimate_from_earlier_calls_joins_their_rows_in_the_sweeps_order(tmp
     assert json.loads((tmp_path / "o2" / "estimate.json").read_text())["gpu_minutes"] == 1.5
 
 
+def test_an_estimate_counts_every_evaluation_of_the_run_also_from_rows_that_timed_one(tmp_path):
+    """A stack is charged its run's evaluations: 3000 steps evaluated every 250 make 12 rounds. A row of this code
+    timed three (the first 0.5 s, the other two 0.2 s each): 0.5 + 11 x 0.2 s. A row of the code before timed one
+    within its start-up and counted no other: its start-up loses that second and the run's 12 are charged."""
+    import json
+
+    from sandbox.bench.train import every_evaluation, main_train, minutes_compiling_ahead
+    f = tmp_path / "s.yaml"
+    f.write_text("name: s\nbase: {task: {name: mqar, seq_len: 32, num_kv_pairs: 4, vocab_size: 64}, "
+                 "model: {mixer: gla, d_model: 32}, train: {steps: 3000, eval_every: 250}}\n"
+                 "grid: {model.d_model: [32, 64]}\ntune: {train.lr: [1.0e-3, 3.0e-3]}\n")
+    old = {"kind": "gla_d32_T32", "trials": 2, "stacks": 1, "replicas": 2, "ms_per_stack_step": 5.0,
+           "trial_steps_per_s": 400.0, "start_s": 10.0, "setup_s": 9.0, "eval_s": 1.0, "warm_setup_s": 2.0,
+           "import_s": 3.0, "train_s": 15.0, "gpu_minutes": 25.0 / 60}
+    new = {**old, "kind": "gla_d64_T32", "start_s": 9.0, "eval_s": 0.9, "first_eval_s": 0.5, "eval_rounds": 12,
+           "evals_s": 0.5 + 11 * 0.2, "gpu_minutes": (9.0 + 15.0 + 2.7) / 60}
+    (tmp_path / "t.json").write_text(json.dumps({"gpu": "G", "torch": "t", "steps": 150, "rows": [old, new]}))
+    assert main_train(["--sweep", str(f), "--timed", str(tmp_path / "t.json"), "--out", str(tmp_path / "out")]) == 0
+    est = json.loads((tmp_path / "out" / "estimate.json").read_text())
+    a, b = est["rows"]
+    assert (a["start_s"], a["evals_s"], a["eval_rounds"]) == (9.0, 12.0, 12)
+    assert a == {**every_evaluation(old, {"steps": 3000, "eval_every": 250}), "gpu": "G", "steps": 150, "torch": "t"}
+    assert b == {**new, "gpu": "G", "steps": 150, "torch": "t"}
+    assert est["gpu_minutes"] == pytest.approx((9 + 15 + 12) / 60 + (9 + 15 + 2.7) / 60)
+    # one helper, ready at 9 + 3 s, has the second stack compiled when it starts at 36 s: 9 - 9 + 2 s of start-up
+    assert est["gpu_minutes_compiling_ahead"] == pytest.approx(minutes_compiling_ahead(est["rows"], 2))
+    assert minutes_compiling_ahead(est["rows"], 1) * 60 == pytest.approx(36 + 2 + 15 + 2.7)
+    assert "| 12.0 (12) |" in (tmp_path / "out" / "estimate.md").read_text()
+
+
 def test_a_sweep_timed_against_other_code_lists_each_stacks_ratio_and_refuses_joining_calls(tmp_path, capsys):
     """``--sweep --ref``: each kind's row carries the other code's ms per stacked step; the estimate lists the
     ratio and loss gap per kind (or the other code's error), and stays this code's. ``--ref`` with ``--timed``
@@ -150,12 +182,13 @@ def test_a_sweep_timed_against_other_code_lists_each_stacks_ratio_and_refuses_jo
     from sandbox.bench.train import _write_estimate, main_train
     base = {"trials": 9, "stacks": 1, "replicas": 9, "ms_per_stack_step": 24.0, "trial_steps_per_s": 375.0,
             "start_s": 30.0, "setup_s": 29.0, "eval_s": 1.0, "warm_setup_s": 3.0, "import_s": 3.0, "train_s": 72.0,
-            "gpu_minutes": 1.7}
+            "evals_s": 4.0, "eval_rounds": 12, "gpu_minutes": 1.7}
     rows = [{**base, "kind": "a", "ref_ms_per_stack_step": 26.4, "speedup": 26.4 / 24.0, "loss_gap": 2.5e-3},
             {**base, "kind": "b", "ref_error": "b: exit 1: ValueError: no"}]
     assert _write_estimate("s.yaml", rows, "G", "t", 150, 2, tmp_path) == 0
     md = (tmp_path / "estimate.md").read_text()
-    assert "| a | 24.00 | 26.40 | 1.100 | 2.5e-03 |" in md and "| b | 24.00 | b: exit 1: ValueError: no | - | - |" in md
+    assert "| a | 24.00 | 26.40 | 1.100 | 2.5e-03 | 1.00 | - |" in md
+    assert "| b | 24.00 | b: exit 1: ValueError: no | - | - | - | - |" in md
     assert json.loads((tmp_path / "estimate.json").read_text())["gpu_minutes"] == 3.4
     assert main_train(["--sweep", "s.yaml", "--timed", "x.json", "--ref", str(ROOT)]) == 2
     assert "--timed times nothing" in capsys.readouterr().err

@@ -236,8 +236,8 @@ def main(argv=None) -> int:
     # data pool, compilation, graph capture) and the evaluations (every replica's, one after another)
     dirs = [out / str(i) for i in range(a.replicas)] if a.replicas > 1 else [out]
     done = [json.loads((d / "result.json").read_text()) for d in dirs if (d / "result.json").exists()]
-    parts = {"setup_s": done[0]["setup_s"], "eval_s": sum(r["eval_s"] for r in done)} \
-        if done and "setup_s" in done[0] else {}
+    parts = {"setup_s": done[0]["setup_s"], "eval_s": sum(r["eval_s"] for r in done),
+             "first_eval_s": sum(r.get("first_eval_s") or 0.0 for r in done)} if done and "setup_s" in done[0] else {}
     res = {**parts, "steps_per_sec": statistics.median(sps) if sps else None, "wall_s": wall, "peak_gib": peak,
            "loss": _scalars(run_dir, "train/loss"), "replicas": a.replicas, "import_s": import_s,
            "generator_ms": generator_ms(cfg, min(steps, 200))}

@@ -15,8 +15,8 @@ With ``--replicas R`` the stacked replicas of each configuration are timed as we
 With ``--sweep FILE`` it times a sweep's grid instead: one stack of each kind of trial the runner would stack
 (its grid points differing only in learning rate and seed share a stack; kinds of equal shapes and settings,
 e.g. zero and noise tokens, are timed once), and estimates the GPU-minutes of the whole sweep at those rates:
-per kind, its stacks x (steps x the stack's ms per step + the start-up measured with it), one stack after
-another on one GPU with no early stop (an upper bound: a second worker under MPS overlaps start-ups). Each kind's
+per kind, its stacks x (steps x the stack's ms per step + the start-up measured with it + its evaluations, every
+one of the run's, from three timed ones), one stack after another on one GPU with no early stop (an upper bound: a second worker under MPS overlaps start-ups). Each kind's
 set-up is also timed with warm compile caches, and a second figure simulates the sweep worker, whose helper
 compiles the next stacks ahead (``minutes_compiling_ahead``). ``--kinds NAMES`` times only the named kinds, for a
 sweep with more kinds than one GPU call can time; ``--timed JSON...`` joins such calls' estimate.json files.
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -187,8 +188,6 @@ def sweep_kinds(path: str, cap: int = 12) -> list[dict]:
     """The kinds of stack of a sweep file: per kind of equal cost (the run config without seed, name, learning
     rate and the task's content: its kind, length and vocabulary stay), the config of its first trial, its
     trials and stacks, and the stack size the runner would use (``packing.group_size``)."""
-    import math
-
     from sandbox.config import to_dict
     from sandbox.sweep.packing import group_size
     from sandbox.sweep.spec import load_sweep
@@ -246,7 +245,8 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
                 return 2
             found.update({r["kind"]: {**r, "gpu": data["gpu"], "steps": data["steps"], "torch": data["torch"]}
                           for r in data["rows"]})
-        rows = [found[kind_name(k["data"])] for k in kinds if kind_name(k["data"]) in found]
+        rows = [every_evaluation(found[kind_name(k["data"])], k["data"]["train"]) for k in kinds
+                if kind_name(k["data"]) in found]
         missing = [kind_name(k["data"]) for k in kinds if kind_name(k["data"]) not in found]
         gpu, steps, version = (rows[0]["gpu"], rows[0]["steps"], rows[0]["torch"]) if rows else ("-", steps, "-")
         return _write_estimate(path, rows, gpu, version, steps, len(names), out, missing)
@@ -257,8 +257,9 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
     rows = []
     for kind in kinds:
         d = json.loads(json.dumps(kind["data"]))
-        trial_steps = d["train"]["steps"]
-        d["train"].update(steps=steps, eval_every=steps, log_every=25, early_stop=None, compile=True)
+        trial_steps, rounds = d["train"]["steps"], eval_rounds(d["train"])
+        d["train"].update(steps=steps, eval_every=steps // TIMED_ROUNDS, log_every=25, early_stop=None, compile=True)
+        timed_rounds = eval_rounds(d["train"])
         name = kind_name(d)
         res = run_one(ROOT, name, d, out / name, replicas=kind["replicas"], warm=True, profile=profile)
         row = {"kind": name, "trials": kind["trials"], "stacks": kind["stacks"], "replicas": kind["replicas"]}
@@ -268,29 +269,60 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
             print(f"{name}: {error}", flush=True)
             continue
         ms = 1e3 / res["steps_per_sec"]
-        start = res["wall_s"] - steps * ms / 1e3
-        minutes = kind["stacks"] * (trial_steps * ms / 1e3 + start) / 60
+        # the stack's evaluations: the first (which may compile kernels for the test batch's shape) and the others
+        eval_s, first = res.get("eval_s") or 0.0, res.get("first_eval_s") or 0.0
+        start = res["wall_s"] - steps * ms / 1e3 - eval_s
         row.update(ms_per_stack_step=ms, trial_steps_per_s=kind["replicas"] * 1e3 / ms, start_s=start,
-                   setup_s=res.get("setup_s"), eval_s=res.get("eval_s"), warm_setup_s=res.get("warm_setup_s"),
-                   import_s=res.get("import_s"), train_s=trial_steps * ms / 1e3, gpu_minutes=minutes,
-                   peak_gib=res["peak_gib"])
+                   setup_s=res.get("setup_s"), eval_s=eval_s, first_eval_s=first,
+                   evals_s=first + (rounds - 1) * (eval_s - first) / max(timed_rounds - 1, 1),
+                   eval_rounds=rounds, warm_setup_s=res.get("warm_setup_s"), import_s=res.get("import_s"),
+                   train_s=trial_steps * ms / 1e3, peak_gib=res["peak_gib"])
+        row["gpu_minutes"] = minutes = kind["stacks"] * stack_seconds(row) / 60
         if ref is not None:       # the same stack by the other code, side by side (its own compile caches' state)
             old = run_one(ref, name, d, out / name / "ref", replicas=kind["replicas"])
             if "error" in old or not old.get("steps_per_sec"):
                 row["ref_error"] = old.get("error", "no steady steps")
             else:
                 row.update(ref_ms_per_stack_step=1e3 / old["steps_per_sec"],
-                           speedup=1e3 / old["steps_per_sec"] / ms, loss_gap=loss_gap(res["loss"], old["loss"]))
+                           speedup=1e3 / old["steps_per_sec"] / ms, loss_gap=loss_gap(res["loss"], old["loss"]),
+                           ref_eval_s=old.get("eval_s"))
         rows.append(row)
         print(f"{name}: {kind['trials']} trials in {kind['stacks']} stacks of {kind['replicas']}: "
               f"{ms:.2f} ms per stacked step, {row['trial_steps_per_s']:.0f} trial-steps/s, start-up {start:.0f} s "
-              f"({_start_parts(row)}; set-up {row['warm_setup_s'] or 0:.0f} s with warm caches), "
-              f"{minutes:.1f} GPU-minutes" + _against_ref(row), flush=True)
+              f"({_start_parts(row)}; set-up {row['warm_setup_s'] or 0:.0f} s with warm caches), {rounds} "
+              f"evaluations {row['evals_s']:.1f} s, {minutes:.1f} GPU-minutes" + _against_ref(row), flush=True)
         print_profile(res)
         if res.get("profile"):
             (out / name / "profile.json").write_text(json.dumps({"kernels": res["profile"],
                                                                     "by_op_one_replica": res["by_op"]}))
     return _write_estimate(path, rows, torch.cuda.get_device_name(), torch.__version__, steps, len(names), out)
+
+
+# Evaluations a timed stack makes (at steps/3, 2 steps/3 and its last step); a run of the sweep makes a dozen or so,
+# each of the whole stack (the test split's forward, and per replica a checkpoint and TensorBoard scalars). The
+# first is timed apart from the others: it may compile kernels for the test batch's shape.
+TIMED_ROUNDS = 3
+
+
+def eval_rounds(train: dict) -> int:
+    """Evaluations a run of ``train``'s settings makes: every ``eval_every`` steps and at its last step."""
+    return math.ceil(train["steps"] / train["eval_every"])
+
+
+def stack_seconds(row: dict) -> float:
+    """A stack's wall time, one after another from cold caches: start-up, training, evaluations."""
+    return row["start_s"] + row["train_s"] + row["evals_s"]
+
+
+def every_evaluation(row: dict, train: dict) -> dict:
+    """An estimate.json row of any version with every evaluation of the run counted. Rows from before 2026-11-26
+    timed one evaluation of the stack (``eval_s``, at its last step) within ``start_s`` and counted no other."""
+    if "error" in row or "evals_s" in row:
+        return row
+    rounds = eval_rounds(train)
+    row = {**row, "start_s": row["start_s"] - row["eval_s"], "evals_s": rounds * row["eval_s"], "eval_rounds": rounds}
+    row["gpu_minutes"] = row["stacks"] * stack_seconds(row) / 60
+    return row
 
 
 def _write_estimate(path: str, rows: list[dict], gpu: str, version: str, steps: int, n_kinds: int, out: Path,
@@ -309,23 +341,27 @@ def _write_estimate(path: str, rows: list[dict], gpu: str, version: str, steps: 
     if missing:
         lines += ["", f"Not timed: {', '.join(missing)}"]
     lines += ["", "| kind | trials | stacks x replicas | ms / stacked step | trial-steps / s | start-up s | of it "
-                  "| set-up s, warm caches | GPU-min, cold starts |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| set-up s, warm caches | evaluations s (a stack's run) | GPU-min, cold starts |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['kind']}: {r['error']} | {r['trials']} | {r['stacks']} x {r['replicas']} | - | - | - | - "
-                         "| - | - |")
+                         "| - | - | - |")
         else:
             warm = "-" if r.get("warm_setup_s") is None else f"{r['warm_setup_s']:.0f}"
             lines.append(f"| {r['kind']} | {r['trials']} | {r['stacks']} x {r['replicas']} | {r['ms_per_stack_step']:.2f} "
                          f"| {r['trial_steps_per_s']:.0f} | {r['start_s']:.0f} | {_start_parts(r)} | {warm} "
-                         f"| {r['gpu_minutes']:.1f} |")
+                         f"| {r['evals_s']:.1f} ({r['eval_rounds']}) | {r['gpu_minutes']:.1f} |")
     against = [r for r in rows if "speedup" in r or "ref_error" in r]
     if against:
-        lines += ["", "Against the other code (`--ref`), the same stacks in the same call:", "",
-                  "| kind | ms / stacked step | ref ms / stacked step | speed-up | loss gap |", "|---|---|---|---|---|"]
-        lines += [f"| {r['kind']} | {r['ms_per_stack_step']:.2f} | {r['ref_error']} | - | - |" if "ref_error" in r else
-                  f"| {r['kind']} | {r['ms_per_stack_step']:.2f} | {r['ref_ms_per_stack_step']:.2f} | {r['speedup']:.3f} "
-                  f"| {'-' if r['loss_gap'] is None else format(r['loss_gap'], '.1e')} |" for r in against]
+        lines += ["", "Against the other code (`--ref`), the same stacks in the same call (evaluations: the seconds of "
+                      "the timed run's, this code's and the other's):", "",
+                  "| kind | ms / stacked step | ref ms / stacked step | speed-up | loss gap | evaluations s | ref |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['kind']} | {r['ms_per_stack_step']:.2f} | {r['ref_error']} | - | - | - | - |" if "ref_error" in r
+                  else f"| {r['kind']} | {r['ms_per_stack_step']:.2f} | {r['ref_ms_per_stack_step']:.2f} | {r['speedup']:.3f} "
+                  f"| {'-' if r['loss_gap'] is None else format(r['loss_gap'], '.1e')} | {_seconds(r.get('eval_s'))} "
+                  f"| {_seconds(r.get('ref_eval_s'))} |" for r in against]
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     out.mkdir(parents=True, exist_ok=True)
@@ -350,7 +386,7 @@ def minutes_compiling_ahead(rows: list[dict], helpers: int | None = None) -> flo
     if helpers is None:
         from sandbox.train.precompile import HELPERS as helpers
     seq = [r for r in rows for _ in range(r["stacks"])]
-    t = seq[0]["start_s"] + seq[0]["train_s"]
+    t = stack_seconds(seq[0])
     free = [seq[0]["setup_s"] + seq[0]["import_s"]] * helpers     # when each helper can take another stack
     compiled = {}                                                  # stack -> when a helper finishes its step
     taken = 1                                                      # stacks before this one are taken or started
@@ -361,7 +397,7 @@ def minutes_compiling_ahead(rows: list[dict], helpers: int | None = None) -> flo
             compiled[taken] = free[h] = free[h] + seq[taken]["setup_s"]
             taken += 1
         warm = compiled.get(i, float("inf")) <= t
-        t += (r["start_s"] - r["setup_s"] + r["warm_setup_s"] if warm else r["start_s"]) + r["train_s"]
+        t += stack_seconds(r) - (r["setup_s"] - r["warm_setup_s"] if warm else 0.0)
     return t / 60
 
 
@@ -388,13 +424,16 @@ def _against_ref(row: dict) -> str:
     return f"; ref {row['ref_ms_per_stack_step']:.2f} ms, speed-up {row['speedup']:.3f}, loss gap {gap}"
 
 
+def _seconds(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def _start_parts(row: dict) -> str:
-    """A timed stack's start-up in parts: its group's set-up (build, pool, compilation, capture), its evaluations
-    and the rest of the training call outside its steady steps (checkpoints, logs, the result's files)."""
+    """A timed stack's start-up in parts: its group's set-up (build, pool, compilation, capture) and the rest of
+    the training call outside its steady steps and evaluations (the final checkpoints, logs, the result's files)."""
     if row.get("setup_s") is None:
         return "-"
-    rest = row["start_s"] - row["setup_s"] - row["eval_s"]
-    return f"set-up {row['setup_s']:.0f}, evals {row['eval_s']:.0f}, other {rest:.0f}"
+    return f"set-up {row['setup_s']:.0f}, other {row['start_s'] - row['setup_s']:.0f}"
 
 
 def main_train(argv=None) -> int:
