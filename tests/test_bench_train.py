@@ -1,7 +1,8 @@
 """The training-step yardstick's harness on the CPU: one worker process per version, side by side."""
 import pytest
 
-from sandbox.bench.train import ROOT, loss_gap, ref_code, run_one, summarise, table
+from sandbox.bench.runs import ROOT, loss_gap, ref_code, run_one
+from sandbox.bench.train import summarise, table
 
 TINY = {"task": {"name": "mqar", "seq_len": 32, "num_kv_pairs": 4, "vocab_size": 64, "test_examples": 32},
         "model": {"mixer": "gla", "d_model": 32, "n_layers": 2, "n_heads": 2, "channel_mixer": "none"},
@@ -38,7 +39,7 @@ def test_the_reference_is_compiled_too_when_its_config_has_the_key(tmp_path):
     uncompiled against 2.0 compiled on the H200); fb670ab's config has no such key and would reject it."""
     from pathlib import Path
 
-    from sandbox.bench.train import knows_compile
+    from sandbox.bench.runs import knows_compile
     assert knows_compile(Path(__file__).resolve().parents[1])
     old = tmp_path / "sandbox"
     old.mkdir()
@@ -66,7 +67,7 @@ def test_a_sweeps_kinds_of_stack_and_their_counts_match_its_grid(tmp_path):
     """Figure 8 part 1: 3 mixers x dense/top-k x zero/noise tokens x 3 seeds x 3 learning rates = 108 trials;
     the runner stacks a grid point's 9 (seeds x rates), and zero and noise tokens cost the same, so 6 kinds of
     18 trials in 2 stacks of 9. A sweep whose two points differ in width has two kinds."""
-    from sandbox.bench.train import kind_name, sweep_kinds
+    from sandbox.bench.estimate import kind_name, sweep_kinds
     kinds = sweep_kinds(str(ROOT / "sweeps" / "sse_fig8_topk.yaml"))
     assert [(k["trials"], k["stacks"], k["replicas"]) for k in kinds] == [(18, 2, 9)] * 6
     assert sorted(kind_name(k["data"]) for k in kinds)[0] == "gla_d128_T320_conv_size4"
@@ -99,7 +100,7 @@ def test_compiling_ahead_charges_the_warm_set_up_to_stacks_the_helper_finished_i
     helper is done with them at 16 and 22 s, before they start: each starts in 8 - 6 + 1 = 3 s. With 1 s of
     training they start at 11 and 20 s, before the helper is done with them (16, 22 s): both start cold. Two
     helpers take one each at 10 s and are done at 16 s: the second, starting at 20 s, starts warm."""
-    from sandbox.bench.train import minutes_compiling_ahead
+    from sandbox.bench.estimate import minutes_compiling_ahead
 
     def rows(train_s, setup_2=6.0):
         first = {"stacks": 1, "start_s": 10.0, "setup_s": 8.0, "warm_setup_s": 1.0, "import_s": 2.0, "train_s": train_s,
@@ -149,7 +150,8 @@ def test_an_estimate_counts_every_evaluation_of_the_run_also_from_rows_that_time
     within its start-up and counted no other: its start-up loses that second and the run's 12 are charged."""
     import json
 
-    from sandbox.bench.train import every_evaluation, main_train, minutes_compiling_ahead
+    from sandbox.bench.estimate import every_evaluation, minutes_compiling_ahead
+    from sandbox.bench.train import main_train
     f = tmp_path / "s.yaml"
     f.write_text("name: s\nbase: {task: {name: mqar, seq_len: 32, num_kv_pairs: 4, vocab_size: 64}, "
                  "model: {mixer: gla, d_model: 32}, train: {steps: 3000, eval_every: 250}}\n"
@@ -179,7 +181,8 @@ def test_a_sweep_timed_against_other_code_lists_each_stacks_ratio_and_refuses_jo
     (which times nothing) is refused before any work."""
     import json
 
-    from sandbox.bench.train import _write_estimate, main_train
+    from sandbox.bench.estimate import _write_estimate
+    from sandbox.bench.train import main_train
     base = {"trials": 9, "stacks": 1, "replicas": 9, "ms_per_stack_step": 24.0, "trial_steps_per_s": 375.0,
             "start_s": 30.0, "setup_s": 29.0, "eval_s": 1.0, "warm_setup_s": 3.0, "import_s": 3.0, "train_s": 72.0,
             "evals_s": 4.0, "eval_rounds": 12, "gpu_minutes": 1.7}

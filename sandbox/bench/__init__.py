@@ -1,7 +1,8 @@
 """Benchmarks and GPU checks: ``sandbox bench kernels`` (kernels.py, with the float64 checks of
-checks.py), ``sandbox bench train`` (train.py: the training-step yardstick, one process per
-configuration through step_worker.py) and ``sandbox bench sweep`` (sweep.py: trial-steps per
-GPU-second of a whole sweep runner, against another version's)."""
+checks.py), ``sandbox bench train`` (train.py: the training-step yardstick; estimate.py: with ``--sweep``,
+a sweep's GPU-minutes from one timed stack of each kind; both time each configuration in a process of its
+own, runs.py and step_worker.py) and ``sandbox bench sweep`` (sweep.py: trial-steps per GPU-second of a
+whole sweep runner, against another version's)."""
 from __future__ import annotations
 
 import argparse

@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from sandbox.bench.train import ROOT, config_words, ref_code
+from sandbox.bench.estimate import config_words
+from sandbox.bench.runs import ROOT, ref_code
 
 
 def run_window(code: Path, sweep_file: Path, out: Path, seconds: float, args: list[str]) -> dict:

@@ -1,0 +1,261 @@
+"""``sandbox bench train --sweep FILE``: a sweep's GPU-minutes, from one timed stack of each kind of its trials.
+
+It times a sweep's grid: one stack of each kind of trial the runner would stack
+(its grid points differing only in learning rate and seed share a stack; kinds of equal shapes and settings,
+e.g. zero and noise tokens, are timed once), and estimates the GPU-minutes of the whole sweep at those rates:
+per kind, its stacks x (steps x the stack's ms per step + the start-up measured with it + its evaluations, every
+one of the run's, from three timed ones), one stack after another on one GPU with no early stop (an upper bound:
+the runner's second worker under MPS overlaps start-ups and fills what a small stack leaves). Each kind's
+set-up is also timed with warm compile caches, and a second figure simulates the sweep worker, whose helper
+compiles the next stacks ahead (``minutes_compiling_ahead``). ``--kinds NAMES`` times only the named kinds, for a
+sweep with more kinds than one GPU call can time; ``--timed JSON...`` joins such calls' estimate.json files.
+With ``--ref`` each kind's stack is also trained by the other code in the same call: its ms per stacked step,
+the speed-up and the loss gap go beside this code's (the estimate stays this code's); ``--profile`` lists each
+kind's stacked step by kernel.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from sandbox.bench.runs import ROOT, loss_gap, print_profile, run_one
+
+
+def sweep_kinds(path: str, cap: int = 12) -> list[dict]:
+    """The kinds of stack of a sweep file: per kind of equal cost (the run config without seed, name, learning
+    rate and the task's content: its kind, length and vocabulary stay), the config of its first trial, its
+    trials and stacks, and the stack size the runner would use (``packing.group_size``)."""
+    from sandbox.config import to_dict
+    from sandbox.sweep.packing import group_size
+    from sandbox.sweep.spec import load_sweep
+    from sandbox.train import stack_key
+    spec = load_sweep(path)
+    size = group_size(spec, cap)
+    stacks: dict[str, list[dict]] = {}
+    for p in spec.points():
+        cfg = spec.point_config(p)
+        stacks.setdefault(stack_key(cfg), []).append(to_dict(cfg))
+    kinds: dict[str, dict] = {}
+    for key, trials in stacks.items():
+        cost = json.loads(key)
+        cost["task"] = {k: cost["task"].get(k) for k in ("name", "seq_len", "vocab_size")}
+        k = kinds.setdefault(json.dumps(cost, sort_keys=True),
+                             {"data": trials[0], "trials": 0, "stacks": 0, "replicas": min(size, len(trials))})
+        k["trials"] += len(trials)
+        k["stacks"] += math.ceil(len(trials) / size)
+    return list(kinds.values())
+
+
+def config_words(d: dict) -> list[str]:
+    """A run config (``to_dict`` form) in a few words: mixer, width, length and the mixer's shaping options."""
+    m = d["model"]
+    extra = m.get(m["mixer"]) if isinstance(m.get(m["mixer"]), dict) else {}
+    return [m["mixer"], f"d{m['d_model']}", f"T{d['task'].get('seq_len')}"] + \
+        [f"{k}{extra[k]}" for k in ("topk", "conv_size", "n", "k", "num_slots") if extra.get(k)]
+
+
+def kind_name(d: dict) -> str:
+    return "_".join(config_words(d))
+
+
+def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = None,
+                   timed: list[str] | None = None, ref: Path | None = None, profile: bool = False) -> int:
+    """Time one stack of each kind of ``path``'s trials (or of the kinds named in ``only``); print and write
+    the estimated GPU-minutes of the sweep (of those kinds). With ``timed`` (estimate.json files of earlier
+    calls, e.g. one per ``--kinds`` part), time nothing and estimate from their rows."""
+    kinds = sweep_kinds(path)
+    names = [kind_name(k["data"]) for k in kinds]
+    if only:
+        unknown = [n for n in only if n not in names]
+        if unknown:
+            print(f"sandbox bench train: error: --kinds: {path} has no kind {', '.join(unknown)}; its kinds: "
+                  f"{', '.join(names)}", file=sys.stderr)
+            return 2
+        kinds = [k for k, n in zip(kinds, names) if n in only]
+    if timed:
+        found = {}
+        for f in timed:
+            try:
+                data = json.loads(Path(f).read_text())
+            except (OSError, ValueError) as e:
+                print(f"sandbox bench train: error: --timed: {f}: {e}", file=sys.stderr)
+                return 2
+            found.update({r["kind"]: {**r, "gpu": data["gpu"], "steps": data["steps"], "torch": data["torch"]}
+                          for r in data["rows"]})
+        rows = [every_evaluation(found[kind_name(k["data"])], k["data"]["train"]) for k in kinds
+                if kind_name(k["data"]) in found]
+        missing = [kind_name(k["data"]) for k in kinds if kind_name(k["data"]) not in found]
+        gpu, steps, version = (rows[0]["gpu"], rows[0]["steps"], rows[0]["torch"]) if rows else ("-", steps, "-")
+        return _write_estimate(path, rows, gpu, version, steps, len(names), out, missing)
+    import torch
+    if not torch.cuda.is_available():
+        print("sandbox bench train: error: needs a CUDA GPU", file=sys.stderr)
+        return 1
+    rows = []
+    for kind in kinds:
+        d = json.loads(json.dumps(kind["data"]))
+        trial_steps, rounds = d["train"]["steps"], eval_rounds(d["train"])
+        d["train"].update(steps=steps, eval_every=steps // TIMED_ROUNDS, log_every=25, early_stop=None, compile=True)
+        timed_rounds = eval_rounds(d["train"])
+        name = kind_name(d)
+        res = run_one(ROOT, name, d, out / name, replicas=kind["replicas"], warm=True, profile=profile)
+        row = {"kind": name, "trials": kind["trials"], "stacks": kind["stacks"], "replicas": kind["replicas"]}
+        if "error" in res or not res.get("steps_per_sec"):
+            error = res.get("error", "no steady steps logged")
+            rows.append({**row, "error": error})
+            print(f"{name}: {error}", flush=True)
+            continue
+        ms = 1e3 / res["steps_per_sec"]
+        # the stack's evaluations: the first (which may compile kernels for the test batch's shape) and the others
+        eval_s, first = res.get("eval_s") or 0.0, res.get("first_eval_s") or 0.0
+        start = res["wall_s"] - steps * ms / 1e3 - eval_s
+        row.update(ms_per_stack_step=ms, trial_steps_per_s=kind["replicas"] * 1e3 / ms, start_s=start,
+                   setup_s=res.get("setup_s"), eval_s=eval_s, first_eval_s=first,
+                   evals_s=first + (rounds - 1) * (eval_s - first) / max(timed_rounds - 1, 1),
+                   eval_rounds=rounds, warm_setup_s=res.get("warm_setup_s"), import_s=res.get("import_s"),
+                   train_s=trial_steps * ms / 1e3, peak_gib=res["peak_gib"])
+        row["gpu_minutes"] = minutes = kind["stacks"] * stack_seconds(row) / 60
+        if ref is not None:       # the same stack by the other code, side by side (its own compile caches' state)
+            old = run_one(ref, name, d, out / name / "ref", replicas=kind["replicas"])
+            if "error" in old or not old.get("steps_per_sec"):
+                row["ref_error"] = old.get("error", "no steady steps")
+            else:
+                row.update(ref_ms_per_stack_step=1e3 / old["steps_per_sec"],
+                           speedup=1e3 / old["steps_per_sec"] / ms, loss_gap=loss_gap(res["loss"], old["loss"]),
+                           ref_eval_s=old.get("eval_s"))
+        rows.append(row)
+        print(f"{name}: {kind['trials']} trials in {kind['stacks']} stacks of {kind['replicas']}: "
+              f"{ms:.2f} ms per stacked step, {row['trial_steps_per_s']:.0f} trial-steps/s, start-up {start:.0f} s "
+              f"({_start_parts(row)}; set-up {row['warm_setup_s'] or 0:.0f} s with warm caches), {rounds} "
+              f"evaluations {row['evals_s']:.1f} s, {minutes:.1f} GPU-minutes" + _against_ref(row), flush=True)
+        print_profile(res)
+        if res.get("profile"):
+            (out / name / "profile.json").write_text(json.dumps({"kernels": res["profile"],
+                                                                    "by_op_one_replica": res["by_op"]}))
+    return _write_estimate(path, rows, torch.cuda.get_device_name(), torch.__version__, steps, len(names), out)
+
+
+# Evaluations a timed stack makes (at steps/3, 2 steps/3 and its last step); a run of the sweep makes a dozen or so,
+# each of the whole stack (the test split's forward, and per replica a checkpoint and TensorBoard scalars). The
+# first is timed apart from the others: it may compile kernels for the test batch's shape.
+TIMED_ROUNDS = 3
+
+
+def eval_rounds(train: dict) -> int:
+    """Evaluations a run of ``train``'s settings makes: every ``eval_every`` steps and at its last step."""
+    return math.ceil(train["steps"] / train["eval_every"])
+
+
+def stack_seconds(row: dict) -> float:
+    """A stack's wall time, one after another from cold caches: start-up, training, evaluations."""
+    return row["start_s"] + row["train_s"] + row["evals_s"]
+
+
+def every_evaluation(row: dict, train: dict) -> dict:
+    """An estimate.json row of any version with every evaluation of the run counted. Rows from before 2026-11-26
+    timed one evaluation of the stack (``eval_s``, at its last step) within ``start_s`` and counted no other."""
+    if "error" in row or "evals_s" in row:
+        return row
+    rounds = eval_rounds(train)
+    row = {**row, "start_s": row["start_s"] - row["eval_s"], "evals_s": rounds * row["eval_s"], "eval_rounds": rounds}
+    row["gpu_minutes"] = row["stacks"] * stack_seconds(row) / 60
+    return row
+
+
+def _write_estimate(path: str, rows: list[dict], gpu: str, version: str, steps: int, n_kinds: int, out: Path,
+                    missing: list[str] | None = None) -> int:
+    timed = [r for r in rows if "error" not in r]
+    total = sum(r["gpu_minutes"] for r in timed)
+    which = f"{len(rows)} of its {n_kinds} kinds" if len(rows) < n_kinds else "all its kinds"
+    ahead = minutes_compiling_ahead(timed) if timed and all(r.get("warm_setup_s") is not None for r in timed) \
+        else None
+    lines = [f"{path} ({which}) on {gpu}: about **{total:.1f} GPU-minutes** with every stack compiling from a "
+             f"cold start (stacks one after another, no early stop, timed over {steps} steps each)"]
+    if ahead is not None:
+        from sandbox.train.precompile import HELPERS
+        lines += ["", f"With {HELPERS} helper processes compiling the next stacks' steps while one trains (the sweep "
+                      f"worker's way, simulated from the times below): about **{ahead:.1f} GPU-minutes**"]
+    if missing:
+        lines += ["", f"Not timed: {', '.join(missing)}"]
+    lines += ["", "| kind | trials | stacks x replicas | ms / stacked step | trial-steps / s | start-up s | of it "
+                  "| set-up s, warm caches | evaluations s (a stack's run) | GPU-min, cold starts |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['kind']}: {r['error']} | {r['trials']} | {r['stacks']} x {r['replicas']} | - | - | - | - "
+                         "| - | - | - |")
+        else:
+            warm = "-" if r.get("warm_setup_s") is None else f"{r['warm_setup_s']:.0f}"
+            lines.append(f"| {r['kind']} | {r['trials']} | {r['stacks']} x {r['replicas']} | {r['ms_per_stack_step']:.2f} "
+                         f"| {r['trial_steps_per_s']:.0f} | {r['start_s']:.0f} | {_start_parts(r)} | {warm} "
+                         f"| {r['evals_s']:.1f} ({r['eval_rounds']}) | {r['gpu_minutes']:.1f} |")
+    against = [r for r in rows if "speedup" in r or "ref_error" in r]
+    if against:
+        lines += ["", "Against the other code (`--ref`), the same stacks in the same call (evaluations: the seconds of "
+                      "the timed run's, this code's and the other's):", "",
+                  "| kind | ms / stacked step | ref ms / stacked step | speed-up | loss gap | evaluations s | ref |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['kind']} | {r['ms_per_stack_step']:.2f} | {r['ref_error']} | - | - | - | - |" if "ref_error" in r
+                  else f"| {r['kind']} | {r['ms_per_stack_step']:.2f} | {r['ref_ms_per_stack_step']:.2f} | {r['speedup']:.3f} "
+                  f"| {'-' if r['loss_gap'] is None else format(r['loss_gap'], '.1e')} | {_seconds(r.get('eval_s'))} "
+                  f"| {_seconds(r.get('ref_eval_s'))} |" for r in against]
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "estimate.md").write_text(text)
+    (out / "estimate.json").write_text(json.dumps({"sweep": path, "gpu": gpu, "torch": version,
+                                                   "steps": steps, "kinds": f"{len(rows)} of {n_kinds}",
+                                                   "gpu_minutes": total, "gpu_minutes_compiling_ahead": ahead,
+                                                   "rows": rows}, indent=1))
+    return 1 if any("error" in r for r in rows) or missing else 0
+
+
+def minutes_compiling_ahead(rows: list[dict], helpers: int | None = None) -> float:
+    """GPU-minutes of the timed kinds' stacks trained one after another by one worker whose ``helpers`` helper
+    processes compile the next stacks' steps meanwhile (sandbox/train/precompile.py), from each kind's measured
+    times: its training (``train_s``), its start-up from cold caches (``start_s``, of which ``setup_s`` is the
+    set-up) and its set-up with warm ones (``warm_setup_s``). The first stack starts cold; once it is ready the
+    helpers start (``import_s``), and each takes the next stack in the queue whenever it is free, compiling it in
+    its cold set-up's time. A stack whose step is compiled when it starts pays the warm set-up; one that starts
+    before pays the cold start-up (a helper that had begun on it finishes it), and one that starts before any
+    helper took it is left to itself. ``helpers``: the runner's (``precompile.HELPERS``) unless given. The
+    helpers' own GPU work (one step per stack) is left out."""
+    if helpers is None:
+        from sandbox.train.precompile import HELPERS as helpers
+    seq = [r for r in rows for _ in range(r["stacks"])]
+    t = stack_seconds(seq[0])
+    free = [seq[0]["setup_s"] + seq[0]["import_s"]] * helpers     # when each helper can take another stack
+    compiled = {}                                                  # stack -> when a helper finishes its step
+    taken = 1                                                      # stacks before this one are taken or started
+    for i, r in enumerate(seq[1:], 1):
+        taken = max(taken, i)
+        while taken < len(seq) and min(free) <= t:                # helpers free before stack i starts
+            h = free.index(min(free))
+            compiled[taken] = free[h] = free[h] + seq[taken]["setup_s"]
+            taken += 1
+        warm = compiled.get(i, float("inf")) <= t
+        t += stack_seconds(r) - (r["setup_s"] - r["warm_setup_s"] if warm else 0.0)
+    return t / 60
+
+
+def _against_ref(row: dict) -> str:
+    if "ref_error" in row:
+        return f"; ref: {row['ref_error']}"
+    if "speedup" not in row:
+        return ""
+    gap = "-" if row["loss_gap"] is None else f"{row['loss_gap']:.1e}"
+    return f"; ref {row['ref_ms_per_stack_step']:.2f} ms, speed-up {row['speedup']:.3f}, loss gap {gap}"
+
+
+def _seconds(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _start_parts(row: dict) -> str:
+    """A timed stack's start-up in parts: its group's set-up (build, pool, compilation, capture) and the rest of
+    the training call outside its steady steps and evaluations (the final checkpoints, logs, the result's files)."""
+    if row.get("setup_s") is None:
+        return "-"
+    return f"set-up {row['setup_s']:.0f}, other {row['start_s'] - row['setup_s']:.0f}"
