@@ -271,10 +271,10 @@ def test_runs_resumed_at_different_steps_train_as_separate_stacks(tmp_path):
 def test_an_evaluation_in_slices_of_rows_equals_one_in_whole_batches(tmp_path, monkeypatch):
     """A stack's evaluation holds at most ``EVAL_LOGITS`` logits at once; at one row per slice it scores what the
     whole test batches score (seeds 0, 0, 1: shared and own test batches)."""
-    import sandbox.train.step as step_mod
+    import sandbox.train.evaluation as evaluation_mod
     cfgs = configs()
     whole = train_replicas(cfgs, [tmp_path / "whole" / str(i) for i in range(3)], progress=False)
-    monkeypatch.setattr(step_mod, "EVAL_LOGITS", 1)
+    monkeypatch.setattr(evaluation_mod, "EVAL_LOGITS", 1)
     sliced = train_replicas(cfgs, [tmp_path / "sliced" / str(i) for i in range(3)], progress=False)
     for a, b in zip(whole, sliced):
         assert [h["test/accuracy"] for h in a["history"]] == [h["test/accuracy"] for h in b["history"]]

@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from sandbox.config import RunConfig, flatten, to_dict
+from sandbox.train.evaluation import evaluate_stack
 from sandbox.train.files import save_torch_soon, saves_done, write_json
 import sandbox.train.precompile as precompile
 from sandbox.train.group import Group, stack_key, worth_compiling, worth_regrouping
 from sandbox.train.signals import HeldSignals
-from sandbox.train.step import cache_warm, mark_cache_warm, scored_positions
+from sandbox.train.step import cache_warm, mark_cache_warm
 
 DONE = ("completed", "early_stopped")          # a rerun of such a directory returns its result
 
@@ -38,26 +38,6 @@ class TrainingDiverged(RuntimeError):
 
 class StopTraining(Exception):
     """Raised by an ``on_eval`` callback to end a run early (e.g. an Optuna pruner)."""
-
-
-@torch.no_grad()
-def evaluate(model, task, batch_size: int, autocast) -> dict:
-    model.eval()
-    correct = torch.zeros((), device=task.device, dtype=torch.int64)
-    scored = torch.zeros((), device=task.device, dtype=torch.int64)
-    loss_sum = torch.zeros((), device=task.device, dtype=torch.float64)
-    for x, y in task.test_batches(batch_size):
-        pos, y = scored_positions(y, getattr(task, "max_targets", None))
-        with autocast():
-            logits = model(x, pos)
-        mask = y != -100
-        correct += ((logits.argmax(-1) == y) & mask).sum()
-        scored += mask.sum()
-        loss_sum += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100,
-                                    reduction="sum").double()
-    model.train()
-    n = max(int(scored), 1)
-    return {"test/accuracy": int(correct) / n, "test/loss": float(loss_sum) / n}
 
 
 def _hparams(cfg: RunConfig) -> dict:
@@ -243,7 +223,7 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
         if not which:
             return
         t_eval = time.perf_counter()
-        metrics = step.evaluate(group.tasks, tc.eval_batch_size)
+        metrics = evaluate_stack(step, group.tasks, tc.eval_batch_size)
         share = (time.perf_counter() - t_eval) / len(which)
         for r in which:
             record_eval(r, s, metrics[r], share)

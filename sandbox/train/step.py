@@ -50,9 +50,6 @@ from sandbox.train.adamw import StackedAdamW
 RECOMPILE_LIMIT = 64
 _compiled_kinds: set = set()
 
-# The most logits an evaluation holds at once, all replicas together (bf16: 2 GB)
-EVAL_LOGITS = 1 << 30
-
 
 def compiled_before(kind) -> bool:
     """Whether this process compiled a step of ``kind`` that a new one reuses without compiling."""
@@ -283,62 +280,6 @@ class Step:
         loss = nll.view(self.R, -1).sum(1) / (y != IGNORE).view(self.R, -1).sum(1)
         return (loss + aux).sum(), loss
 
-    @torch.no_grad()
-    def evaluate(self, tasks: list, batch_size: int) -> list[dict]:
-        """Test accuracy and loss of every replica on its task's test split (``tasks[r]``). The replicas run as one
-        stacked forward per test batch, as in the step (eager: the test split is read a dozen times a run), so an
-        evaluation costs one replica's launches, not R of them."""
-        base = self.models[0]
-        base.eval()
-        try:
-            with self._attention_backends(), self.autocast():
-                counts = self._test_counts(tasks, batch_size)
-        finally:
-            base.train()
-        correct, scored, loss = counts.unbind(1)
-        return [{"test/accuracy": float(c) / max(float(n), 1.0), "test/loss": float(s) / max(float(n), 1.0)}
-                for c, n, s in zip(correct.tolist(), scored.tolist(), loss.tolist())]
-
-    def _test_counts(self, tasks: list, batch_size: int) -> torch.Tensor:
-        """[R, 3] float64 sums over the test split: correct answers, scored targets, summed loss. Replicas of one
-        seed share its test batches ([B, T]); of several, each reads its own ([R, B, T]). A batch goes through in
-        slices of rows whose logits of all replicas stay within ``EVAL_LOGITS`` elements."""
-        params = {n: p.detach() for n, p in self.optimizer.weights().items()}
-        base = self.models[0]
-        shared = len({t.seed for t in tasks}) == 1          # a stack's tasks differ in nothing but the seed
-        dim = None if shared else 0
-        buffers = {n: torch.stack(bs) for n, bs in zip(self.buffer_names, zip(*(m.buffers() for m in self.models)))}
-
-        def logits_of(p, b, x, pos):
-            return torch.func.functional_call(base, (p, b), (x, pos))
-
-        def forward(x, pos):                                      # [R, rows, P, V]
-            if self.R == 1:                                       # as the step: no vmap for one replica
-                return base(x, pos)[None]
-            return torch.func.vmap(logits_of, in_dims=(0, 0, dim, None if pos is None else dim))(params, buffers, x,
-                                                                                                  pos)
-
-        counts = torch.zeros(self.R, 3, dtype=torch.float64, device=self.device)
-        for got in zip(*[t.test_batches(batch_size) for t in (tasks[:1] if shared else tasks)]):
-            x, y = (torch.stack(ts) for ts in zip(*got))          # [1 or R, B, T]
-            pos, y = scored_positions(y.flatten(0, 1), self.per_row)
-            y = y.view(x.shape[0], x.shape[1], -1)
-            pos = None if pos is None else pos.view_as(y)
-            if shared:
-                x, pos = x[0], None if pos is None else pos[0]
-            rows = max(1, EVAL_LOGITS // (self.R * y.shape[-1] * base.embed.num_embeddings))
-            for i in range(0, y.shape[1], rows):
-                cut = slice(i, i + rows)
-                xi, pi = (x[cut], None if pos is None else pos[cut]) if shared else \
-                    (x[:, cut], None if pos is None else pos[:, cut])
-                logits = forward(xi, pi)
-                yi = y[:, cut].expand(logits.shape[:-1])
-                mask = yi != IGNORE
-                nll = cross_entropy(logits.flatten(0, -2), yi.flatten())
-                counts += torch.stack([((logits.argmax(-1) == yi) & mask).flatten(1).sum(1).double(),
-                                       mask.flatten(1).sum(1).double(), nll.view(self.R, -1).sum(1).double()], 1)
-        return counts
-
     # The forward's settings (mixed precision; for stacked replicas, the attention kernels) are entered around
     # the compiled function, not inside it: traced there, either keeps the compilation out of AOTAutograd's
     # cache, and then every stack of a sweep compiles from scratch even where one of the same shapes has
@@ -349,7 +290,7 @@ class Step:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.bfloat16,
                               enabled=self.autocast_dtype is not None, cache_enabled=self.capture_after is None)
 
-    def _attention_backends(self):
+    def attention_backends(self):
         """vmap has no batching rule for the fused attention kernels: it runs them once per replica, which
         cuDNN's kernel does not support (optional outputs); flash and memory-efficient do."""
         if self.R == 1:
@@ -359,7 +300,7 @@ class Step:
 
     def _step(self, x, y) -> None:
         with concat_kernels() if self.compiled else contextlib.nullcontext():  # compiles forward, then backward
-            with self._attention_backends(), self.autocast():
+            with self.attention_backends(), self.autocast():
                 total, loss = self.forward(x, y)
             # the whole gradient as one [R, P] tensor (the backward of the split in ``weights()``)
             grad, = torch.autograd.grad(total, [self.optimizer.flat])
