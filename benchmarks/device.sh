@@ -19,6 +19,13 @@
 #                            each call's results/NAME into the checkout before the next call: a machine taken
 #                            back in between is replaced by a fresh one that starts from the checkout's copy,
 #                            and two journals that went apart cannot be merged.
+#   sweep-detached FILE [ARGS]  `sandbox sweep FILE --out DIR ARGS` with no time limit (the runner's own packing:
+#                            workers under MPS, as a user runs it) in a process session of its own, which outlives
+#                            the call while the machine stays warm; then as sweep-wait. DIR: $SWEEP_DIR, else
+#                            sweeps_out/NAME (resumed from results/NAME). For a sweep longer than one call
+#   sweep-wait DIR [SECONDS] wait up to SECONDS (default 540) for DIR's detached sweep; say how long it has run, its
+#                            trials' states and its wall time once done, and tar DIR as the sweep recipe does
+#                            (each call brings back what is there: a machine taken back loses the rest)
 #   inspect DIR...           `sandbox inspect DIR --device cuda` of each run directory (one with checkpoint.pt,
 #                            e.g. sweeps_out/NAME/trials/N-xxxx on a warm machine after a sweep call); tars the
 #                            pictures, inspect.md and summary.json of each as inspect/<N-xxxx>/. A figure's sweep
@@ -102,6 +109,36 @@ sweep)
         --time-limit "$secs" "$@" 2>&1 | tee "$OUT/sweep_$name.txt"
     tar -czf "$OUT/sweep_$name.tar.gz" --exclude='*.pt' --exclude='events.*' --exclude=mps --exclude=.lock --exclude='pace-*' \
         --transform "s|^sweeps_out/|results/|" "$dir"
+    ;;
+sweep-detached)
+    file="$1"; shift
+    name=$(python3 -c "import yaml, sys; print(yaml.safe_load(open(sys.argv[1]))['name'])" "$file")
+    dir="${SWEEP_DIR:-sweeps_out/$name}"
+    if [ -z "${SWEEP_DIR:-}" ] && [ ! -f "$dir/study.journal" ] && [ -f "results/$name/study.journal" ]; then
+        mkdir -p sweeps_out && cp -r "results/$name" "$dir"
+    fi
+    mkdir -p "$dir"
+    date +%s > "$dir.started"
+    # the sweep imports a copy of the code: a later call replaces the working tree, which may have changed since
+    code="/tmp/sweep-code/$(basename "$dir")"; rm -rf "$code"; mkdir -p "$code"; cp -r sandbox "$code/"
+    # bash -c writes its own pid, then becomes the launcher (exec): sweep-wait waits on that pid
+    PYTHONPATH="$code:$PYTHONPATH" setsid bash -c 'echo $$ > "$1.pid"; shift; exec "$@"' _ "$dir" python3 -m sandbox.cli sweep "$file" --out "$dir" \
+        --no-live "$@" > "$dir.log" 2>&1 < /dev/null &
+    sleep 2
+    exec bash "$0" sweep-wait "$dir" "${WAIT_SECONDS:-540}"
+    ;;
+sweep-wait)
+    dir="$1"; secs="${2:-540}"
+    [ -f "$dir.pid" ] || { echo "device.sh: sweep-wait: no detached sweep in $dir on this machine (a fresh one?)"; exit 1; }
+    pid=$(cat "$dir.pid"); end=$((SECONDS + secs))
+    while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$end" ]; do sleep 5; done
+    state=finished; kill -0 "$pid" 2>/dev/null && state=running
+    echo "detached sweep in $dir: $state, $(( $(date +%s) - $(cat "$dir.started") )) s since it started" \
+        | tee "$OUT/sweep_wait.txt"
+    python3 -m sandbox.cli sweep status "$dir" 2>&1 | tee -a "$OUT/sweep_wait.txt"
+    cp "$dir.log" "$OUT/sweep_detached.log"
+    tar -czf "$OUT/sweep_$(basename "$dir").tar.gz" --exclude='*.pt' --exclude='events.*' --exclude=mps --exclude=.lock \
+        --exclude='pace-*' --transform "s|^sweeps_out/|results/|" "$dir"
     ;;
 inspect)
     rm -rf /tmp/inspect && mkdir -p /tmp/inspect
