@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.cli import main
+from sandbox.sweep import report
 from sandbox.sweep.study import open_storage
 from sandbox.sweep.spec import load_sweep
 
@@ -223,6 +224,14 @@ def test_a_grid_points_trials_train_stacked_and_equal_one_by_one(tmp_path):
                        for t in trials}
     assert runs["3"] == pytest.approx(runs["1"], abs=1e-9)
     assert len({pid_of(t) for t in trials_of(tmp_path / "out3")}) == 1
+    # summary.md's stacks: one row per stack trained, one after another in the one worker
+    for stack, expect in (("3", [3, 3]), ("1", [1] * 6)):
+        rows = report.stack_rows(trials_of(tmp_path / f"out{stack}"))
+        assert [r["trials"] for r in rows] == expect
+        assert all(a["end s"] <= b["start s"] + 0.5 for a, b in zip(rows, rows[1:]))
+        half = len(expect) // 2
+        assert sorted(r["stack of"] for r in rows) == ["d_model=16"] * half + ["d_model=32"] * half
+        assert "## Stacks" in (tmp_path / f"out{stack}" / "summary.md").read_text()
     log = (tmp_path / "out3" / "logs" / "worker-0.log").read_text()
     assert log.count("(stacked with 2 more)") == 6
 

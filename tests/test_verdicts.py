@@ -3,8 +3,6 @@ built into synthetic results by construction."""
 import csv
 import itertools
 
-from pathlib import Path
-
 import pytest
 import yaml
 
@@ -12,20 +10,22 @@ from sandbox.analysis.verdicts import Cell, Table, verdicts
 
 MIXERS = ("gla", "metala", "gsa")
 SETTINGS = ((192, 0), (0, 192))
-COLS = ["trial", "status", "seed", "model.mixer", "model.d_model", "model.gsa.topk", "model.gla.conv_size",
+COLS = ["trial", "status", "point_id", "seed", "model.mixer", "model.d_model", "model.gsa.topk", "model.gla.conv_size",
         "task.gap", "task.noise", "train.lr", "best_accuracy"]
 
 
 def write(tmp_path, cells):
     """cells: {(mixer, (gap, noise), d_model, topk, conv): [best accuracy per seed]}; each seed gets a second,
     worse learning rate and a failed trial (accuracy 0), which must not count."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(
         {"name": "sse_fig8_topk", "base": {"task": {"name": "mqar", "num_kv_pairs": 16}}}))
     rows = []
     for (mixer, (gap, noise), d, topk, conv), accs in cells.items():
         for seed, acc in enumerate(accs):
             for lr, a, status in ((2e-3, acc, "complete"), (5e-4, acc / 2, "complete"), (8e-3, 0, "failed")):
-                rows.append([len(rows), status, seed, mixer, d, 16 if topk else "", conv, gap, noise, lr, a])
+                point = f"{mixer}-{gap}-{noise}-{d}-{topk}-{conv}-{seed}"
+                rows.append([len(rows), status, point, seed, mixer, d, 16 if topk else "", conv, gap, noise, lr, a])
     with open(tmp_path / "results.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(COLS)
@@ -349,3 +349,18 @@ def test_inspect_a_sweep_draws_the_state_pictures_of_each_variants_best_run(tmp_
             assert bool(list(got.glob("*.png"))) == (seed == 0)
     claims = verdicts(out)
     assert len(claims) == 6 and all(not c.verdict().startswith("open") for c in claims[3:])
+
+
+def test_a_figures_parts_in_two_directories_pool_to_the_verdicts_of_one_and_repeats_are_refused(tmp_path):
+    """Figure 8's part 1 (d128, 3 seeds) and part 2 (d64, d256, seed 0) written into directories of their own
+    give the claims' outcomes of both written into one; two directories holding the same grid points (a repeat,
+    whose best over both would count as more learning rates) are an error."""
+    part1 = pairs([0.9, 0.91, 0.92], [0.3, 0.31, 0.32])
+    part2 = {(m, s, d, t, 4): [acc] for m in MIXERS for s in SETTINGS for d, t, acc in
+             ((64, True, 0.4), (64, False, 0.1), (256, True, 0.95), (256, False, 0.2))}
+    one = verdicts(write(tmp_path / "one", {**part1, **part2}))
+    two = verdicts(write(tmp_path / "a", part1), write(tmp_path / "b", part2))
+    assert [(c.verdict(), c.items) for c in two] == [(c.verdict(), c.items) for c in one]
+    assert one[0].verdict() == "holds" and one[1].verdict() == "holds"
+    with pytest.raises(ValueError, match="share 36 grid point"):
+        verdicts(write(tmp_path / "c", part1), tmp_path / "a")

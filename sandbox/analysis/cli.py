@@ -23,7 +23,7 @@ def cmd_plot(args) -> int:
 
 def cmd_verdict(args) -> int:
     from sandbox.analysis.verdicts import verdicts
-    print("\n\n".join(c.markdown() for c in verdicts(args.sweep_dir)))
+    print("\n\n".join(c.markdown() for c in verdicts(*args.sweep_dir)))
     return 0
 
 
@@ -65,7 +65,8 @@ def add_cli(sub) -> None:
 
     p = sub.add_parser("verdict", help="a figure's claims judged by the criteria fixed before it ran "
                                        "(results/README.md), from its sweep directory")
-    p.add_argument("sweep_dir", help="a figure's sweep directory, e.g. results/sse_fig8_topk")
+    p.add_argument("sweep_dir", nargs="+", help="a figure's sweep directory, e.g. results/sse_fig8_topk, or the "
+                   "directories its parts ran into (their trials pooled)")
     p.set_defaults(func=cmd_verdict)
 
     p = sub.add_parser("compare", help="train two variants over several seeds; interval and Welch t-test",

@@ -281,6 +281,48 @@ def timing(trials, wall_s: float | None, since: float | None) -> dict:
     return out
 
 
+def stack_rows(trials, since: float | None = None) -> list[dict]:
+    """Where a sweep's time went: one row per stack a worker trained (trials that share its worker, replicas,
+    set-up seconds and pace, as a stack's trials all record them), in the order they started: seconds from the
+    first start (or ``since``) to its start and end, the grid values its trials share (of those the sweep varies),
+    its set-up, the step it ran compiled from, whether a helper had compiled it (precompile.py), its steps/s."""
+    done = [t for t in trials if duration(t) is not None and "duplicate_of" not in t.user_attrs
+            and t.user_attrs.get("result") and (since is None or t.datetime_start.timestamp() >= since)]
+    if not done:
+        return []
+    groups: dict[tuple, list] = {}
+    for t in done:
+        res = t.user_attrs["result"]
+        key = (t.user_attrs.get("worker"), res.get("replicas"), res.get("setup_s"), res.get("steps_per_sec"))
+        groups.setdefault(key, []).append(t)
+    values: dict[str, set] = {}
+    for t in done:
+        for k, v in t.user_attrs.get("grid", {}).items():
+            values.setdefault(k, set()).add(json.dumps(v))
+    varied = []            # the grid keys the sweep varies, less those zipped one-to-one with an earlier one
+    for k in (k for k, vs in values.items() if len(vs) > 1):
+        if not any(_one_to_one(done, j, k) for j in varied):
+            varied.append(k)
+    t0 = since if since is not None else min(t.datetime_start.timestamp() for t in done)
+    rows = []
+    for (worker, replicas, setup, sps), g in sorted(groups.items(), key=lambda kv: min(t.datetime_start for t in kv[1])):
+        grid = g[0].user_attrs["grid"]
+        shared = [f"{k.split('.', 1)[-1]}={'none' if grid[k] is None else _cell(grid[k])}" for k in varied
+                  if len({json.dumps(t.user_attrs.get("grid", {}).get(k)) for t in g}) == 1]
+        res = g[0].user_attrs["result"]
+        rows.append({"worker": worker, "start s": round(min(t.datetime_start.timestamp() for t in g) - t0, 1),
+                     "end s": round(max(t.datetime_complete.timestamp() for t in g) - t0, 1), "trials": len(g),
+                     "stack of": " ".join(shared), "set-up s": setup, "compiled from step": res.get("compiled_at"),
+                     "helper compiled": res.get("precompiled"), "steps/s": sps})
+    return rows
+
+
+def _one_to_one(trials, a: str, b: str) -> bool:
+    """Whether grid keys ``a`` and ``b`` determine one another over ``trials`` (e.g. keys zipped in a sweep file)."""
+    pairs = {(json.dumps(t.user_attrs["grid"].get(a)), json.dumps(t.user_attrs["grid"].get(b))) for t in trials}
+    return len(pairs) == len({x for x, _ in pairs}) == len({y for _, y in pairs})
+
+
 def gpu_table(samples: list[dict]) -> list[dict]:
     gpus = sorted({i for s in samples for i in s})
     rows = []
@@ -312,6 +354,9 @@ def write_outputs(sweep_dir: Path, study, trials, *, wall_s=None, since=None, gp
            "run; for that baseline, run the same sweep with `--workers 1` (see steps/s in results.csv).\n"]
     if gpu:
         md += ["## GPU utilisation (nvidia-smi samples during this invocation)\n", _md_table(gpu)]
+    stacks = stack_rows(trials, since)
+    if stacks:
+        md += ["## Stacks (this invocation; seconds from its start)\n", _md_table(stacks)]
     (sweep_dir / "summary.md").write_text("\n".join(md))
     if console is not None:
         print_summary(console, study, trials, summary, seeds, failures, tm, gpu)
@@ -361,6 +406,9 @@ def status(sweep_dir: Path, storage_url: str | None, storage_timeout: float = DE
     rows = trial_rows(trials)
     failures = [{"trial": r["trial"], "reason": r["note"]} for r in rows if r["status"] in ("failed", "lost")]
     print_summary(console, study, trials, summary, seed_summary(summary, grid_keys), failures, {}, [])
+    stacks = stack_rows(trials)
+    if stacks:
+        console.print(_rich_table("stacks (seconds from the first one's start)", stacks))
     running = [t for t in trials if t.state == TrialState.RUNNING]
     if running:
         console.print(_rich_table("running", [{"trial": t.number, "point": point_label(t),

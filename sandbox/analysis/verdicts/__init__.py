@@ -1,4 +1,5 @@
-"""``sandbox verdict SWEEP_DIR``: a figure's claims judged by the criteria fixed before it ran.
+"""``sandbox verdict SWEEP_DIR [SWEEP_DIR ...]``: a figure's claims judged by the criteria fixed before it ran (from
+one directory, or from its parts' directories pooled).
 
 The criteria are the ones written in ``results/README.md`` before any trial of the figure ran; this
 module only computes them, so that a verdict is one command on the committed ``results.csv`` instead
@@ -17,7 +18,6 @@ One module per figure (its cells, claims and constants); ``claims.py`` holds the
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 from sandbox.analysis.verdicts.claims import Cell, Claim, Table
 from sandbox.analysis.verdicts.sla import sla_heads, sla_heads_conv_off
@@ -38,9 +38,9 @@ FIGURES = {"sse_fig8_topk": (fig8_pairs, fig8_curves, fig8_conv_off),
            "zoology_fig2": (zoo_attention, zoo_width)}
 
 
-def verdicts(sweep_dir) -> list[Claim]:
-    t = Table(Path(sweep_dir))
+def verdicts(*sweep_dirs) -> list[Claim]:
+    t = Table(*sweep_dirs)
     if t.name not in FIGURES:
-        raise ValueError(f"sweep_dir: {sweep_dir} holds sweep {t.name!r}, which has no criteria here "
+        raise ValueError(f"sweep_dir: {t.dir} holds sweep {t.name!r}, which has no criteria here "
                          f"(known: {', '.join(sorted(FIGURES))})")
     return [f(t) for f in FIGURES[t.name]]

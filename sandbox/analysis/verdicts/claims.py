@@ -33,13 +33,28 @@ class Cell:
 
 
 class Table:
-    """A sweep's finished trials, looked up by grid values."""
+    """A sweep's finished trials, looked up by grid values. Several directories of one figure (its parts run into
+    directories of their own) pool their trials; each row keeps the directory it came from (``sweep_dir``)."""
 
-    def __init__(self, sweep_dir: Path):
-        self.dir = Path(sweep_dir)
-        rows, _ = load_rows(self.dir)
-        self.rows, _ = finished(rows)
-        spec = yaml.safe_load((self.dir / "sweep.yaml").read_text())
+    def __init__(self, *sweep_dirs: Path):
+        dirs = [Path(d) for d in sweep_dirs]
+        self.dir = dirs[0]
+        self.rows, names = [], {}
+        for d in dirs:
+            rows, _ = load_rows(d)
+            self.rows += [{**r, "sweep_dir": d} for r in finished(rows)[0]]
+            if not (d / "sweep.yaml").is_file():
+                raise ValueError(f"sweep_dir: {d} has no sweep.yaml (not a sweep directory)")
+            names[d] = yaml.safe_load((d / "sweep.yaml").read_text())
+        points = [{r["point_id"] for r in self.rows if r["sweep_dir"] == d and r.get("point_id")} for d in dirs]
+        shared = set.intersection(*points) if len(points) > 1 else set()
+        if shared:          # the best over both would count a repeat as more learning rates
+            raise ValueError(f"sweep_dir: the directories share {len(shared)} grid point(s): they are repeats of "
+                             f"one another, not parts of one figure; judge each alone")
+        if len({n["name"] for n in names.values()}) > 1:
+            raise ValueError("sweep_dir: the directories hold different sweeps ("
+                             + ", ".join(f"{d}: {n['name']}" for d, n in names.items()) + "); pool only one figure's parts")
+        spec = names[self.dir]
         self.name = spec["name"]
         self.chance = 2 / spec["base"]["task"]["num_kv_pairs"]
 

@@ -38,7 +38,7 @@ def picture_runs(sweep_dir) -> list[tuple[str, int, Path | None]]:
         best = t.best_rows(**where)
         for seed in range(PICTURE_SEEDS):
             row = best.get(seed)
-            out.append((variant, seed, t.dir / row["run_dir"] if row and row.get("run_dir") else None))
+            out.append((variant, seed, row["sweep_dir"] / row["run_dir"] if row and row.get("run_dir") else None))
     return out
 
 
