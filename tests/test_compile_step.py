@@ -114,7 +114,7 @@ def test_a_second_stack_of_a_kind_compiled_in_this_process_compiles_nothing_and_
     assert not compiled_before(other.step.kind)
 
 
-def test_a_helper_process_compiles_stacks_so_that_each_only_traces_its_step(tmp_path, monkeypatch):
+def test_a_helper_process_compiles_stacks_so_that_each_only_traces_its_step(tmp_path, monkeypatch, capfd):
     """``precompile.start`` compiles the steps of a list of stacks in other processes (the stack that trains now
     and those a sweep worker takes next), here two helpers side by side, one stack each: with a fresh compile
     cache, each stack's own compilation afterwards finds its forward and backward there, and ``cache_warm`` says
@@ -137,6 +137,9 @@ def test_a_helper_process_compiles_stacks_so_that_each_only_traces_its_step(tmp_
     assert len(helpers) == 2
     assert precompile.pending(stacks[1]) and not precompile.pending(other)     # queued while the helpers work
     assert [h.wait(timeout=900) for h in helpers] == [0, 0]
+    said = sorted(line.split(": ", 1)[1].split(" compiled")[0] for line in capfd.readouterr().err.splitlines()
+                  if line.startswith("precompile (helper"))
+    assert said == ["gla d20 x2", "gla d24 x2"]          # each helper says when its kind got ready
     assert all(cache_warm(group_kind(c)) for c in stacks) and not cache_warm(group_kind(other))
     assert not precompile.pending(stacks[0]) and not precompile.running()
     assert precompile.start(stacks, 2) == []       # nothing left to compile

@@ -11,7 +11,9 @@ under ``TORCHINDUCTOR_CACHE_DIR``) and leaves a marker there (``step.cache_warm`
 - the stacks a sweep worker will take next (``train_replicas(prefetch=...)``): they start compiled from their
   first step, so a worker's later stacks pay the tracing only, not a cold compilation.
 
-Stacks of a kind that is warm already, or queued in another live helper, are left out. A process runs up to
+Each helper writes a line to its parent's stderr (a sweep worker's log) when a kind is compiled, with how long it
+took and how long after the helper started: what a stack that started before it waited for. Stacks of a kind that
+is warm already, or queued in another live helper, are left out. A process runs up to
 ``HELPERS`` helpers at once, the stacks dealt to them in turn; each works through its list in order and exits
 when its parent does. One helper could not keep up with short stacks: a cold compilation takes 24-37 s on the
 H200, as long as a stack of 3 d64-d128 Figure 8 runs trains (14-19 s), so in part 2 of Figure 8 about half the
@@ -32,6 +34,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+import warnings
 from pathlib import Path
 
 from sandbox.train.group import group_kind
@@ -86,7 +90,7 @@ def start(stacks, processes: int = 1) -> list[subprocess.Popen]:
     started = []
     for share in (todo[i::n] for i in range(n)):
         p = subprocess.Popen([sys.executable, "-m", "sandbox.train.precompile"], stdin=subprocess.PIPE,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+                             stdout=subprocess.DEVNULL, env=os.environ.copy())    # its stderr: the worker's log
         for cfgs in share:
             path = _queue_file(group_kind(cfgs))
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -119,8 +123,10 @@ def main() -> int:
     from sandbox.config import config_from_dict
     from sandbox.train.group import Group
     from sandbox.train.step import forget_compilations, mark_cache_warm
+    warnings.simplefilter("ignore")     # the stack's own compilation says the same; the log keeps this helper's lines
     parent = os.getppid()
     failed = 0
+    t_start = time.perf_counter()
     for datas in json.loads(sys.stdin.read()):
         if os.getppid() != parent:          # the worker is gone: so is the use of what is left
             break
@@ -128,7 +134,7 @@ def main() -> int:
         kind = group_kind(cfgs)             # of the stack as it will train (the helper's runs are shorter)
         if cache_warm(kind):
             continue
-        group = None
+        group, t_kind = None, time.perf_counter()
         try:
             for c in cfgs:
                 c.train.steps = STEPS
@@ -138,6 +144,9 @@ def main() -> int:
             if group.device.type == "cuda":
                 torch.cuda.synchronize()
             mark_cache_warm(kind)
+            now = time.perf_counter()   # when each kind got ready: what a stack that started before it waited for
+            print(f"precompile (helper {os.getpid()}): {_label(cfgs)} compiled in {now - t_kind:.1f} s, "
+                  f"{now - t_start:.0f} s after the helper started", file=sys.stderr, flush=True)
         except Exception as e:              # e.g. out of memory beside the stack: that stack compiles itself
             failed += 1
             print(f"precompile: {type(e).__name__}: {e}", file=sys.stderr)
@@ -149,6 +158,12 @@ def main() -> int:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     return 1 if failed else 0
+
+
+def _label(cfgs) -> str:
+    m = cfgs[0].model
+    topk = getattr(getattr(m, m.mixer, None), "topk", None)
+    return f"{m.mixer} d{m.d_model}" + (f" top-{topk}" if topk else "") + f" x{len(cfgs)}"
 
 
 if __name__ == "__main__":
