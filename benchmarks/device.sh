@@ -57,6 +57,11 @@ elif [ -d /tmp/site ]; then
     export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 sandbox() { python3 -m sandbox.cli "$@"; }
+# a sweep directory as it comes back: results and logs without checkpoints, TensorBoard events or the run's own files
+tar_sweep() {
+    tar -czf "$OUT/sweep_$(basename "$1").tar.gz" --exclude='*.pt' --exclude='events.*' --exclude=mps --exclude=.lock \
+        --exclude='pace-*' --transform "s|^sweeps_out/|results/|" "$1"
+}
 
 recipe="${1:-}"
 shift || true
@@ -107,8 +112,7 @@ sweep)
     secs="${SWEEP_SECONDS:-500}"
     timeout -s INT "$((secs + 80))" python3 -m sandbox.cli sweep "$file" --out "$dir" --no-live \
         --time-limit "$secs" "$@" 2>&1 | tee "$OUT/sweep_$name.txt"
-    tar -czf "$OUT/sweep_$name.tar.gz" --exclude='*.pt' --exclude='events.*' --exclude=mps --exclude=.lock --exclude='pace-*' \
-        --transform "s|^sweeps_out/|results/|" "$dir"
+    tar_sweep "$dir"
     ;;
 sweep-detached)
     file="$1"; shift
@@ -137,8 +141,7 @@ sweep-wait)
         | tee "$OUT/sweep_wait.txt"
     python3 -m sandbox.cli sweep status "$dir" 2>&1 | tee -a "$OUT/sweep_wait.txt"
     cp "$dir.log" "$OUT/sweep_detached.log"
-    tar -czf "$OUT/sweep_$(basename "$dir").tar.gz" --exclude='*.pt' --exclude='events.*' --exclude=mps --exclude=.lock \
-        --exclude='pace-*' --transform "s|^sweeps_out/|results/|" "$dir"
+    tar_sweep "$dir"
     ;;
 inspect)
     rm -rf /tmp/inspect && mkdir -p /tmp/inspect
