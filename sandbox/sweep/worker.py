@@ -379,13 +379,13 @@ class _Worker:
         from optuna.trial import TrialState
 
         from sandbox.sweep.spec import build_config
+        # the whole queue, not its head: a grid point's trials lie apart when seed is the first axis (Figure 8's
+        # part 1), and a stack cut at the head's seed-0 trials is a kind (3 replicas, one seed) no worker trains
         stacks: dict[str, list] = {}
         for t in trials_in(self.study, (TrialState.WAITING,)):
             key = self._stack_key(t)
-            if key is None or len(stacks.get(key, ())) >= self.stack:
+            if key is None or len(stacks.get(key, ())) >= self.stack or (key not in stacks and len(stacks) == count):
                 continue
-            if key not in stacks and len(stacks) == count:
-                break
             stacks.setdefault(key, []).append(build_config(self.spec["base"], {**t.user_attrs["grid"],
                                                                                **t.user_attrs["tune"]}))
         return list(stacks.values())
