@@ -552,3 +552,26 @@ def test_a_process_counts_as_alive_while_it_runs_the_named_module_and_not_once_i
     assert not process_alive(p.pid, "timeit")
     p.wait()
     assert not process_alive(p.pid, "timeit")
+
+
+def test_the_eta_counts_the_trials_a_stack_trains_at_once():
+    """3 workers, stacks of 9 trials of 200 s each: one stack done, three running (27 trials), eight waiting (72).
+    Counted by stacks, what is left is the 8 waiting stacks and half of the 3 running ones, 3 at a time:
+    (8 + 1.5) x 200 / 3 = 633 s (the ETA had divided by the workers, not by the trials running together: 1h35m)."""
+    import datetime
+
+    from optuna.trial import FrozenTrial, TrialState
+    t0 = datetime.datetime(2026, 11, 26, 3, 0, 0)
+
+    def trial(n, state):
+        done = state == TrialState.COMPLETE
+        return FrozenTrial(number=n, state=state, value=0.5 if done else None, values=None,
+                           datetime_start=t0 if state != TrialState.WAITING else None,
+                           datetime_complete=t0 + datetime.timedelta(seconds=200) if done else None,
+                           params={}, distributions={}, user_attrs={}, system_attrs={}, intermediate_values={},
+                           trial_id=n)
+    trials = [trial(n, TrialState.COMPLETE if n < 9 else TrialState.RUNNING if n < 36 else TrialState.WAITING)
+              for n in range(108)]
+    line = report.progress_line(trials, "maximize", workers=3)
+    assert "9/108 finished" in line, line
+    assert line.endswith("ETA 10m33s"), line

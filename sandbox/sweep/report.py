@@ -189,7 +189,9 @@ def _eta(trials, since, workers) -> float | None:
     if not recent or not (c["waiting"] + c["running"]):
         return None
     mean = statistics.fmean(duration(t) for t in recent)
-    return (c["waiting"] + 0.5 * c["running"]) * mean / max(1, workers or c["running"] or 1)
+    # the trials running now run at once (a worker's stack trains them together): that many at a time, not
+    # one per worker (which overstated a sweep of stacks of 9 on 3 workers ninefold)
+    return (c["waiting"] + 0.5 * c["running"]) * mean / max(1, c["running"] or workers or 1)
 
 
 def _hms(s: float) -> str:
