@@ -25,7 +25,8 @@ runner over part 2's first 180 s from empty caches: two helpers 1.08x the trial-
 A separate process, not a thread: compiling traces through functorch's vmap, whose state is shared by
 the threads of a process, and a thread compiling beside the stack's own vmapped steps breaks both.
 
-    python -m sandbox.train.precompile < stacks.json     # a JSON list of stacks, each a list of run configs
+    python -c "from sandbox.train.precompile import main; main()" < stacks.json   # a JSON list of stacks, each a
+                                                                                  # list of run configs
 """
 from __future__ import annotations
 
@@ -45,6 +46,10 @@ from sandbox.train.step import cache_warm, warm_marker
 STEPS = 3           # the helper's runs are this long: its batch pool holds no more than it uses
 HELPERS = 2         # helper processes at once (two compilations side by side: 1.08x one, above)
 _helpers: list[subprocess.Popen] = []       # the helpers this process started
+# a helper's command: ``-m sandbox.train.precompile`` would run this module a second time after the package had
+# imported it (runpy's RuntimeWarning in every worker log); the module's name stays in the command line, where
+# ``queued`` looks for it
+_ENTRY = "import sys; from sandbox.train.precompile import main; sys.exit(main())"
 
 
 def room(device) -> int:
@@ -89,7 +94,7 @@ def start(stacks, processes: int = 1) -> list[subprocess.Popen]:
     n = max(0, min(processes, len(todo)))
     started = []
     for share in (todo[i::n] for i in range(n)):
-        p = subprocess.Popen([sys.executable, "-m", "sandbox.train.precompile"], stdin=subprocess.PIPE,
+        p = subprocess.Popen([sys.executable, "-c", _ENTRY], stdin=subprocess.PIPE,
                              stdout=subprocess.DEVNULL, env=os.environ.copy())    # its stderr: the worker's log
         for cfgs in share:
             path = _queue_file(group_kind(cfgs))
