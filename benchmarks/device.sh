@@ -5,9 +5,9 @@
 #
 # Recipes:
 #   env                      the GPU, driver, and package versions
-#   checks                   every Triton kernel family against its float64 reference on this GPU, plus the
+#   checks [PYTEST_ARGS]     every Triton kernel family against its float64 reference on this GPU, plus the
 #                            GPU-only tests (CUDA graph = eager, stacked replicas = solo runs in bf16, kernel
-#                            tiles that Triton 3.6 miscompiles on Hopper)
+#                            tiles that Triton 3.6 miscompiles on Hopper); with PYTEST_ARGS only those tests
 #   bench-kernels [ARGS]     `sandbox bench kernels --check ARGS` (fla beside ours when its wheel is in .whl)
 #   bench-train [ARGS]       `sandbox bench train --ref .ref/REF ARGS` (REF: $REF, else the newest directory in .ref;
 #                            REF=none or none carried: no ref. With --sweep too: each kind's stack is also timed by that code)
@@ -73,10 +73,13 @@ env)
     python3 -c "import optuna; print('optuna', optuna.__version__)" 2>/dev/null | tee -a "$OUT/env.txt"
     ;;
 checks)
-    sandbox bench kernels --check --shapes none --no-fla --no-torch --no-sse --no-profile \
-        --out "$OUT/checks.json" 2>&1 | tee "$OUT/checks.txt"
-    python3 -m pytest -q -rP --durations=15 -p no:cacheprovider -p no:logging tests/test_mqar.py tests/test_graph_step.py tests/test_replicas.py tests/test_recurrence.py \
-        tests/test_gla_small_heads.py 2>&1 | tee -a "$OUT/checks.txt"
+    tests=(tests/test_mqar.py tests/test_graph_step.py tests/test_replicas.py tests/test_recurrence.py
+           tests/test_gla_small_heads.py)
+    if [ $# -gt 0 ]; then tests=("$@"); : > "$OUT/checks.txt"; else
+        sandbox bench kernels --check --shapes none --no-fla --no-torch --no-sse --no-profile \
+            --out "$OUT/checks.json" 2>&1 | tee "$OUT/checks.txt"
+    fi
+    python3 -m pytest -q -rP --durations=15 -p no:cacheprovider -p no:logging "${tests[@]}" 2>&1 | tee -a "$OUT/checks.txt"
     echo "pytest exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/checks.txt"   # its summary line went missing twice
     ;;
 bench-kernels)

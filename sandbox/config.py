@@ -65,9 +65,8 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16", "fp64"] = "auto"   # auto = bf16 autocast on CUDA; fp64: references
     # replay forward+backward as a CUDA graph; auto = on CUDA when every mixer is graph_safe()
     cuda_graph: bool | Literal["auto"] = "auto"
-    # torch.compile the forward and backward (fuses norms, residuals, SwiGLU, gate arithmetic); auto = on
-    # CUDA when every mixer is graph_safe(), from the first step where the process compiled the same kind
-    # of stack before, else once the rest of the run pays for compiling (train/group.py: use_compile)
+    # torch.compile the forward and backward (fuses norms, residuals, SwiGLU, gate arithmetic) from the first
+    # step; auto = on CUDA when every mixer is graph_safe() (train/group.py: use_compile)
     compile: bool | Literal["auto"] = "auto"
 
 

@@ -1,5 +1,5 @@
-"""Compiling the training step in the middle of a run (``train.compile: auto`` does it once a run is long
-enough): the weights afterwards equal those of a run that stayed eager (float64, CPU)."""
+"""Compiling the training step: when (``train.compile``), what a compiled step trains against the eager one
+(float64, CPU), and the helper processes that compile a sweep worker's next stacks."""
 import copy
 
 import torch
@@ -30,13 +30,21 @@ def test_a_step_compiled_mid_run_trains_as_the_eager_one():
             torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=name)
 
 
-def test_compiling_pays_only_for_a_long_enough_rest_of_the_run():
-    from sandbox.train.group import COMPILE_COST_S, COMPILE_SPEEDUP, worth_compiling
+def test_auto_compiles_on_a_gpu_every_graph_safe_run_whatever_its_length():
+    """``train.compile: auto`` is a function of the configuration and the device alone: compiled from the first step
+    on CUDA where every mixer is graph-safe, never on the CPU or with a mixer that is not. (It used to weigh the
+    measured step time and the caches' state, which made the same run take another path in a rerun.)"""
+    from sandbox.model import LanguageModel
+    from sandbox.train.group import use_compile
 
-    # the Figure 8 GLA stacked 3 times, 17.6 ms uncompiled: 3000 steps left pay for it, alone (5.9 ms) not
-    assert worth_compiling(3000, 17.6e-3) and not worth_compiling(3000, 5.9e-3)
-    edge = COMPILE_COST_S / (1 - 1 / COMPILE_SPEEDUP)
-    assert not worth_compiling(1000, edge / 1000 * 0.99) and worth_compiling(1000, edge / 1000 * 1.01)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    gla = LanguageModel(load_config(data=copy.deepcopy(BASE)).model, 32, 24)
+    data = copy.deepcopy(BASE)
+    data["model"].update(mixer=["gla", "lte"], n_layers=2)
+    lte = LanguageModel(load_config(data=data).model, 32, 24)
+    assert use_compile("auto", cuda, gla) is True and use_compile("auto", cpu, gla) is False
+    assert use_compile("auto", cuda, lte) is False                        # LTE reads the host: not graph-safe
+    assert use_compile(True, cpu, lte) is True and use_compile(False, cuda, gla) is False
 
 
 def test_only_a_single_run_launches_its_kernels_early():
@@ -135,7 +143,7 @@ def test_a_helper_process_compiles_stacks_so_that_each_only_traces_its_step(tmp_
     assert not any(cache_warm(group_kind(c)) for c in stacks + [other])
     helpers = precompile.start(stacks, 2)
     assert len(helpers) == 2
-    assert precompile.pending(stacks[1]) and not precompile.pending(other)     # queued while the helpers work
+    assert precompile.queued(group_kind(stacks[1])) and not precompile.queued(group_kind(other))   # while they work
     assert [h.wait(timeout=900) for h in helpers] == [0, 0]
     err = capfd.readouterr().err
     said = sorted(line.split(": ", 1)[1].split(" compiled")[0] for line in err.splitlines()
@@ -143,7 +151,7 @@ def test_a_helper_process_compiles_stacks_so_that_each_only_traces_its_step(tmp_
     assert said == ["gla d20 x2", "gla d24 x2"]          # each helper says when its kind got ready
     assert "Warning" not in err, err                      # and nothing else (a worker's log holds these lines)
     assert all(cache_warm(group_kind(c)) for c in stacks) and not cache_warm(group_kind(other))
-    assert not precompile.pending(stacks[0]) and not precompile.running()
+    assert not precompile.queued(group_kind(stacks[0])) and not precompile.running()
     assert precompile.start(stacks, 2) == []       # nothing left to compile
     for cfgs in stacks:
         forget_compilations()
@@ -171,7 +179,7 @@ def test_while_a_stack_trains_a_helper_compiles_the_stacks_named_next(tmp_path, 
     later = [load_config(data=data, overrides=[f"train.lr={lr}"]) for lr in (1e-3, 3e-3)]
     asked = []
     train_replicas(now, [tmp_path / "run"], progress=False, prefetch=lambda: asked.append(1) or [later])
-    assert asked == [1] and precompile.pending(later)
+    assert asked == [1] and precompile.queued(group_kind(later))
     assert precompile._helpers[-1].wait(timeout=900) == 0
     assert cache_warm(group_kind(later)) and not cache_warm(group_kind(now))
 

@@ -2,9 +2,8 @@
 
 ``Group(cfgs)``: the device, tasks, models, the ``Step`` and the batch pools (one per seed) of runs
 that differ only in learning rate and seed (``stack_key``). ``use_cuda_graph`` / ``use_compile``
-read ``train.cuda_graph`` / ``train.compile``; ``worth_compiling`` and ``worth_regrouping`` are the
-run loop's two decisions from measured times: compile the step now, and rebuild a stack whose
-replicas mostly stopped.
+read ``train.cuda_graph`` / ``train.compile``; ``worth_regrouping`` is the run loop's decision from
+measured times to rebuild a stack whose replicas mostly stopped.
 """
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ import torch
 from sandbox.config import RunConfig, to_dict
 from sandbox.model import LanguageModel
 from sandbox.tasks import TrainBatches, make_task
-from sandbox.train.step import Step, cache_warm, compiled_before, graph_safe
+from sandbox.train.step import Step, cache_warm, graph_safe
 
 
 def resolve_device(name: str) -> torch.device:
@@ -48,15 +47,13 @@ def use_cuda_graph(setting, device: torch.device, model) -> bool:
     return bool(setting)
 
 
-def use_compile(setting, device: torch.device, model, kind=None) -> bool | str:
-    """``train.compile``: true compiles from the first step; auto (on CUDA when every mixer is graph-safe,
-    i.e. has static shapes) compiles from the first step where a step of the same ``kind`` was compiled
-    before, in this process or into the on-disk caches (it costs nothing, or only the tracing, then), else
-    starts uncompiled and compiles once ``worth_compiling`` says the run is long enough; returns "auto" then."""
+def use_compile(setting, device: torch.device, model) -> bool:
+    """``train.compile``: true compiles from the first step; auto = true on CUDA when every mixer is graph-safe
+    (has static shapes). Never from a later step: compiled and eager steps round differently, so a run that
+    switched at a step set by timing (when a helper's compilation was ready, whether the caches were warm) gave
+    other accuracies in a rerun of the same sweep (results/sse_fig8_topk/, the third run)."""
     if setting == "auto":
-        if not (device.type == "cuda" and graph_safe(model)):
-            return False
-        return True if compiled_before(kind) or cache_warm(kind) else "auto"
+        return device.type == "cuda" and graph_safe(model)
     return bool(setting)
 
 
@@ -67,16 +64,6 @@ def group_kind(cfgs: list[RunConfig]) -> tuple:
     tc = cfgs[0].train
     return (stack_key(dataclasses.replace(cfgs[0], train=dataclasses.replace(tc, compile=None))), len(cfgs),
             len({c.seed for c in cfgs}) == 1)
-
-
-# Measured on an H200 (results/throughput/, bench train with and without train.compile): compiling takes
-# 18-27 s of a process's start and makes the captured step 2.0-2.3x faster.
-COMPILE_COST_S, COMPILE_SPEEDUP = 25.0, 2.0
-
-
-def worth_compiling(steps_left: int, step_s: float) -> bool:
-    """Whether compiling now pays for itself over the rest of a run stepping at ``step_s`` uncompiled."""
-    return steps_left * step_s * (1 - 1 / COMPILE_SPEEDUP) > COMPILE_COST_S
 
 
 def stack_key(cfg: RunConfig) -> str:
@@ -123,11 +110,10 @@ class Group:
         self.seeds = [c.seed for c in cfgs]
         kind = group_kind(cfgs)
         self.warm = cache_warm(kind)        # a step of this kind was compiled into the on-disk caches before
-        compile = use_compile(tc.compile, device, self.models[0], kind)
-        self.compile_later = compile == "auto"
+        compile = use_compile(tc.compile, device, self.models[0])
         self.step = Step(self.models, [c.train for c in cfgs], per_row=getattr(self.tasks[0], "max_targets", None),
                          autocast_dtype=torch.bfloat16 if self.bf16 else None,
-                         capture_after=2 if self.graph else None, compile=compile is True, kind=kind)
+                         capture_after=2 if self.graph else None, compile=compile, kind=kind)
         self.pools = {seed: TrainBatches(self.tasks[self.seeds.index(seed)], tc.batch_size, tc.steps)
                       for seed in dict.fromkeys(self.seeds)}
 

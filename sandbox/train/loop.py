@@ -25,7 +25,7 @@ from sandbox.config import RunConfig, flatten, to_dict
 from sandbox.train.evaluation import evaluate_stack
 from sandbox.train.files import save_torch_soon, saves_done, write_json
 import sandbox.train.precompile as precompile
-from sandbox.train.group import Group, stack_key, worth_compiling, worth_regrouping
+from sandbox.train.group import Group, stack_key, worth_regrouping
 from sandbox.train.signals import HeldSignals
 from sandbox.train.step import cache_warm, mark_cache_warm
 
@@ -67,12 +67,12 @@ class _Run:
         self.ckpt = out / "checkpoint.pt"
         self.writer = SummaryWriter(log_dir=str(out))
         self.params, self.state_size = model.num_params(), model.state_size(task.seq_len)
-        self.compiled_at = None          # the step from which the training step ran compiled
+        self.compiled_at = None          # the step from which the training step ran compiled (its first, or None)
         # where a run's wall time goes besides its replayed steps: the group's start-up (building, data pool,
         # compilation and graph capture) and its evaluations (with the checkpoint saved at each)
         self.setup_s, self.eval_s = 0.0, 0.0
         self.first_eval_s = None         # its first evaluation (which may compile kernels for the test batch)
-        self.precompiled = None          # whether a helper had compiled the step before the stack compiled it
+        self.precompiled = None          # whether the step's kind was in the on-disk caches (a helper's) at the start
 
     def load(self, step, r: int, device) -> None:
         if not self.ckpt.exists():
@@ -193,16 +193,18 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
         o.mkdir(parents=True, exist_ok=True)
     group = Group(cfgs)
     device, step, batch = group.device, group.step, group.batch
-    # a stack that may compile later has its step compiled by a helper meanwhile (precompile.py), with the
-    # stacks that train next (``prefetch``), started once the stack's own memory is known; helpers with
-    # stacks of later groups outlive this one
-    helpers, ahead, want_compile = [], [], False
+    # helpers compile the steps of the stacks that train next (``prefetch``, precompile.py), started once this
+    # stack's own memory is known, and outlive it
+    helpers, ahead = [], []
     runs = [_Run(c, o, t, m, t_start) for c, o, t, m in zip(cfgs, outs, group.tasks, group.models)]
     for r, run in enumerate(runs):
         run.load(step, r, device)
     start = runs[0].state["step"]           # train_replicas groups the runs by their checkpoints' step
     step.start_at(start)
-    if step.compiled:                       # train.compile: true, or a kind compiled before (warm caches)
+    if step.compiled:                       # train.compile: true, or auto on CUDA: from its first step
+        if not group.warm:                  # a helper compiling this kind now: its caches, not a second compilation
+            precompile.wait(step.kind)
+            group.warm = cache_warm(step.kind)
         for run in runs:
             run.compiled_at, run.precompiled = start, group.warm
 
@@ -259,8 +261,8 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
     n_acc, s = 0, start
     t_log = time.perf_counter()
     steps_at_log = s
-    # the seconds the group spent starting (building, pool, compilation, capture), and when it last got ready
-    setup_s, t_from, t_ready, ready = 0.0, t_group, 0.0, False
+    # the seconds the group spent starting (building, pool, compilation, capture), and when it got ready
+    setup_s, t_ready, ready = 0.0, 0.0, False
     try:
         with _progress(progress, title) as bar, HeldSignals() as held:
             bar_task = bar.add_task("train", total=tc.steps, completed=s, info="")
@@ -273,15 +275,16 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
                     if device.type == "cuda":
                         torch.cuda.synchronize()
                     t_ready, ready = time.perf_counter(), True
-                    setup_s += t_ready - t_from
+                    setup_s = t_ready - t_group
                     for run in runs:
                         run.setup_s = setup_s
                     if step.compiled:                # its caches are warm now: helpers leave its kind out
                         mark_cache_warm(step.kind)
-                    fit = 0 if helpers or ahead else precompile.room(device)
+                    fit = 0 if helpers or ahead or prefetch is None or precompile.running() \
+                        else precompile.room(device)
                     if fit:
-                        ahead = prefetch() if prefetch is not None and not precompile.running() else []
-                        helpers = precompile.start(([cfgs] if group.compile_later else []) + ahead, fit)
+                        ahead = prefetch()
+                        helpers = precompile.start(ahead, fit)
                 for r in active:
                     runs[r].state["step"] = s
                 last = s == tc.steps
@@ -306,18 +309,6 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
                     info = _info([runs[r] for r in active] or runs, [losses[r] for r in active] or losses, sps)
                     bar.update(bar_task, completed=s, info=info)
                     steady = ready and t_log >= t_ready          # sps then counts replayed steps only
-                    if steady and group.compile_later:
-                        group.compile_later = False
-                        want_compile = worth_compiling(tc.steps - s, 1 / max(sps, 1e-9))
-                    # compile once no helper has this stack's step still to compile (its caches then hold all
-                    # but the tracing); until then the stack goes on uncompiled
-                    if want_compile and not precompile.pending(cfgs):
-                        want_compile = False
-                        step.compile_now()
-                        for run in runs:
-                            run.compiled_at = s
-                            run.precompiled = cache_warm(step.kind)
-                        t_from, ready, steady = time.perf_counter(), False, False
                     if steady and worth_regrouping(len(active), R, tc.steps - s, 1 / max(sps, 1e-9), setup_s):
                         for r in active:         # hand the running replicas back, to go on as a smaller group
                             runs[r].save(step, r)

@@ -1,18 +1,15 @@
-"""Compile stacks' training steps in a helper process, while the GPU trains something else.
+"""Compile the steps of the stacks a sweep worker takes next in a helper process, while the GPU trains this one.
 
-A stack that compiles in its own process leaves the GPU idle for the whole compilation (18-27 s on the
-H200, measured in a fresh process; up to a third of a short Figure 8 stack). So once a stack's step is
-captured, and where the GPU has room (``room``), a helper builds groups of the same kinds, compiles their
-steps and runs each once: that fills the on-disk caches (Inductor's FX graph cache and AOTAutograd's cache,
-under ``TORCHINDUCTOR_CACHE_DIR``) and leaves a marker there (``step.cache_warm``). Two uses:
-
-- the stack that trains now, when it started uncompiled (``train.compile: auto``): it goes on with its
-  uncompiled CUDA graph, and compiles once the helper is done, which then only traces the step (Dynamo);
-- the stacks a sweep worker will take next (``train_replicas(prefetch=...)``): they start compiled from their
-  first step, so a worker's later stacks pay the tracing only, not a cold compilation.
+A stack compiles its step before its first step (``train.compile: auto`` on CUDA, group.py), and in its own
+process that leaves the GPU idle for the whole compilation (18-39 s on the H200 from cold caches; up to a third of
+a short Figure 8 stack). So once a stack's step is captured, and where the GPU has room (``room``), a helper builds
+groups of the kinds of the stacks the worker takes next (``train_replicas(prefetch=...)``), compiles their steps and
+runs each once: that fills the on-disk caches (Inductor's FX graph cache and AOTAutograd's cache, under
+``TORCHINDUCTOR_CACHE_DIR``) and leaves a marker there (``step.cache_warm``). Those stacks then pay the tracing only
+(Dynamo); one that starts while a helper is still compiling its kind waits for it (``wait``).
 
 Each helper writes a line to its parent's stderr (a sweep worker's log) when a kind is compiled, with how long it
-took and how long after the helper started: what a stack that started before it waited for. Stacks of a kind that
+took and how long after the helper started. Stacks of a kind that
 is warm already, or queued in another live helper, are left out. A process runs up to
 ``HELPERS`` helpers at once, the stacks dealt to them in turn; each works through its list in order and exits
 when its parent does. One helper could not keep up with short stacks: a cold compilation takes 24-37 s on the
@@ -75,9 +72,11 @@ def queued(kind) -> bool:
     return process_alive(pid, "sandbox.train.precompile") and not cache_warm(kind)
 
 
-def pending(cfgs) -> bool:
-    """Whether the stack of ``cfgs`` should wait for a helper before compiling its own step."""
-    return queued(group_kind(cfgs))
+def wait(kind, poll_s: float = 0.5) -> None:
+    """Until no live helper has ``kind`` still to compile: a stack that starts while one compiles its step then
+    finds it in the caches, instead of compiling it a second time beside the helper."""
+    while queued(kind):
+        time.sleep(poll_s)
 
 
 def running() -> bool:

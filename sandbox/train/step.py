@@ -19,8 +19,7 @@ Requirements for a graph and for stacking, checked by ``graph_safe(model)``: eve
 static shapes and never waits on the host (``Mixer.graph_safe``). A replica that stops (early
 stop, pruning, a non-finite loss) is frozen by a zero learning rate; the others go on.
 
-With ``compile`` (or after ``compile_now()``, which the run loop calls once it has measured that a
-run is long enough to pay for it) the forward and backward go through ``torch.compile`` (the kernels
+With ``compile`` (``compile_now()``) the forward and backward go through ``torch.compile`` (the kernels
 are custom ops it treats as opaque), which fuses the norms, the residual adds, SwiGLU and the gate
 arithmetic. A process keeps what it compiled: Dynamo's guards check a step's shapes and settings, not
 which models it holds, so a later ``Step`` of a kind compiled before (``kind``: what its code depends on
