@@ -280,8 +280,7 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
                         run.setup_s = setup_s
                     if step.compiled:                # its caches are warm now: helpers leave its kind out
                         mark_cache_warm(step.kind)
-                    fit = 0 if helpers or ahead or prefetch is None or precompile.running() \
-                        else precompile.room(device)
+                    fit = 0 if prefetch is None or precompile.running() else precompile.room(device)
                     if fit:
                         ahead = prefetch()
                         helpers = precompile.start(ahead, fit)
