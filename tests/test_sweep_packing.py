@@ -65,11 +65,11 @@ tune:
 """
 
 
-def _study(tmp_path):
+def _study(tmp_path, text=LIMITED):
     from sandbox.sweep.spec import load_sweep
     from sandbox.sweep.study import enqueue_points, load_study, open_storage, prepare_study
     path = tmp_path / "s.yaml"
-    path.write_text(LIMITED)
+    path.write_text(text)
     spec = load_sweep(path)
     (tmp_path / "out").mkdir()
     storage = open_storage(tmp_path / "out", None)
@@ -269,25 +269,17 @@ def test_the_stacks_compiled_ahead_are_the_stacks_claimed_when_seed_is_the_first
     seed 0's learning rates of every point, then seed 1's. The stacks a helper compiles ahead must still be the
     ones the worker claims (the seeds x learning rates of a point, one kind each), not their seed-0 thirds: on the
     H200 those were a kind no stack trained, and 9 of part 1's 12 stacks compiled their own step."""
-    from sandbox.sweep.spec import load_sweep
-    from sandbox.sweep.study import enqueue_points, load_study, open_storage, prepare_study
+    from sandbox.sweep.spec import build_config
     from sandbox.sweep.worker import _Worker
     from sandbox.train.group import group_kind
-    path = tmp_path / "s.yaml"
-    path.write_text(LIMITED.replace("grid:\n", "grid:\n  seed: [0, 1, 2]\n")
-                    .replace("[16, 32]", "[16, 24, 32, 40, 48, 56]"))
-    spec = load_sweep(path)
-    (tmp_path / "out").mkdir()
-    storage = open_storage(tmp_path / "out", None)
-    prepare_study(spec, storage)
-    study = load_study(storage, spec.name)
-    enqueue_points(study, spec)
+    study = _study(tmp_path, LIMITED.replace("grid:\n", "grid:\n  seed: [0, 1, 2]\n")
+                   .replace("[16, 32]", "[16, 24, 32, 40, 48, 56]"))
+    base = study.user_attrs["spec"]["base"]
     w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=9)
     ahead = [group_kind(s) for s in w.next_stacks(count=4)]
     claimed = []                                    # the reference: what the worker then takes, stack by stack
-    from sandbox.sweep.spec import build_config
     while group := w.claim():
         attrs = [study._storage.get_trial(t).user_attrs for t in group]
-        claimed.append(group_kind([build_config(spec.base, {**a["grid"], **a["tune"]}) for a in attrs]))
+        claimed.append(group_kind([build_config(base, {**a["grid"], **a["tune"]}) for a in attrs]))
     assert len(claimed) == 6 and [k[1] for k in claimed] == [9] * 6
     assert ahead == claimed[:4]
