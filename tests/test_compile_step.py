@@ -1,6 +1,7 @@
 """Compiling the training step: when (``train.compile``), what a compiled step trains against the eager one
 (float64, CPU), and the helper processes that compile a sweep worker's next stacks."""
 import copy
+import json
 
 import torch
 
@@ -182,6 +183,85 @@ def test_while_a_stack_trains_a_helper_compiles_the_stacks_named_next(tmp_path, 
     assert asked == [1] and precompile.queued(group_kind(later))
     assert precompile._helpers[-1].wait(timeout=900) == 0
     assert cache_warm(group_kind(later)) and not cache_warm(group_kind(now))
+
+
+def test_a_kernel_warm_up_runs_one_small_eager_step_and_leaves_the_compiling_helpers_state_alone(tmp_path, monkeypatch,
+                                                                                                  capfd):
+    """``warm_kernels``' helper (a cold stack's Triton kernels, compiled beside its step's compilation) runs one eager
+    step at a batch of ``KERNEL_BATCH`` and says so; it neither marks the kind compiled (only a compiled step's caches
+    do) nor takes away another helper's queue file for the kind, which a stack waits on. On the CPU nothing starts."""
+    import subprocess
+    import sys
+
+    from sandbox.config import to_dict
+    from sandbox.train import precompile
+    from sandbox.train.group import group_kind
+    from sandbox.train.step import cache_warm
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    data = copy.deepcopy(BASE)
+    data["train"]["batch_size"] = 2 * precompile.KERNEL_BATCH
+    cfgs = [load_config(data=data, overrides=[f"train.lr={lr}"]) for lr in (1e-3, 3e-3)]
+    kind = group_kind(cfgs)
+    assert precompile.warm_kernels(cfgs) is None                      # a CPU run: no kernels to compile ahead
+    queue = precompile._queue_file(kind)
+    queue.parent.mkdir(parents=True)
+    queue.write_text("12345")                                          # a compiling helper's
+    p = subprocess.run([sys.executable, "-c", precompile._ENTRY_KERNELS], input=json.dumps([[to_dict(c) for c in cfgs]]),
+                       text=True, capture_output=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert "gla d16 x2 kernels compiled (eager step) in" in p.stderr, p.stderr
+    assert queue.read_text() == "12345" and not cache_warm(kind)
+
+
+def test_a_kernel_warm_up_leaves_a_cold_stack_no_project_kernel_to_compile_on_the_gpu(tmp_path):
+    """On a GPU, a stack that compiles from cold caches finds every Triton kernel of the project that its compiled
+    step launches already in Triton's cache when ``warm_kernels``' helper ran first: the eager step at a smaller batch
+    specialises them alike. Without the helper the same step compiles those kernels itself (the check is not empty)."""
+    import os
+    import subprocess
+    import sys
+
+    from sandbox.train.precompile import KERNEL_BATCH
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU: Triton compiles kernels only there")
+    code = (
+        "import json, sys, torch\n"
+        "from sandbox.config import load_config\n"
+        "from sandbox.train import precompile\n"
+        "from sandbox.train.group import Group\n"
+        "cfgs = [load_config(data=json.loads(sys.argv[1]), overrides=[f'train.lr={lr}']) for lr in (1e-3, 3e-3)]\n"
+        "if sys.argv[2] == 'warm':\n"
+        "    sys.exit(precompile.warm_kernels(cfgs).wait(600))\n"
+        "g = Group(cfgs)\n"
+        "assert g.step.compiled\n"
+        "g.step(*g.batch(0))\n"
+        "torch.cuda.synchronize()\n")
+    data = copy.deepcopy(BASE)
+    data["model"].update(mixer="gsa", d_model=64, n_heads=2, channel_mixer="swiglu", gsa={"topk": 8, "conv_size": 4})
+    data["task"].update(seq_len=128, vocab_size=256)
+    data["train"].update(batch_size=4 * KERNEL_BATCH, precision="auto", device="cuda", compile="auto")
+
+    def project_kernels(cache):             # Triton's cache: a directory per compiled kernel, named by its hash
+        return {(d, f[:-5]) for d in os.listdir(cache) for f in os.listdir(os.path.join(cache, d))
+                if f.endswith(".json") and not f.startswith("__grp__") and not f.startswith("triton_")}
+
+    def run(cache, *phases):
+        env = {**os.environ, "TRITON_CACHE_DIR": str(cache / "triton"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "ind")}
+        seen = []
+        for phase in phases:
+            p = subprocess.run([sys.executable, "-c", code, json.dumps(data), phase], env=env, text=True,
+                               capture_output=True, timeout=900)
+            assert p.returncode == 0, p.stderr[-3000:]
+            seen.append(project_kernels(cache / "triton"))
+        return seen
+
+    alone, = run(tmp_path / "alone", "step")
+    warmed, after = run(tmp_path / "warmed", "warm", "step")
+    assert {name for _, name in alone} >= {"_fwd_o", "_bwd_chunk"}, alone      # GSA's chunk kernels, compiled
+    assert {name for _, name in alone} <= {name for _, name in warmed}, (alone, warmed)
+    assert after == warmed, sorted(after - warmed)          # nothing the step launched was compiled again
 
 
 import pytest  # noqa: E402

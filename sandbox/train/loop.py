@@ -191,6 +191,7 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
     R = len(cfgs)
     for o in outs:
         o.mkdir(parents=True, exist_ok=True)
+    warming = precompile.warm_kernels(cfgs)    # a cold compilation here: a helper compiles the Triton kernels
     group = Group(cfgs)
     device, step, batch = group.device, group.step, group.batch
     # helpers compile the steps of the stacks that train next (``prefetch``, precompile.py), started once this
@@ -280,6 +281,8 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
                         run.setup_s = setup_s
                     if step.compiled:                # its caches are warm now: helpers leave its kind out
                         mark_cache_warm(step.kind)
+                    if warming is not None:          # its kernels are compiled: by then by this process too
+                        precompile.stop(warming)
                     fit = 0 if prefetch is None or precompile.running() else precompile.room(device)
                     if fit:
                         ahead = prefetch()
@@ -327,6 +330,8 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
             results[r] = runs[r].finish("failed", f"{type(e).__name__}: {e}", R)
         raise
     finally:
+        if warming is not None:
+            precompile.stop(warming)
         if not ahead:
             for helper in helpers:
                 precompile.stop(helper)

@@ -19,6 +19,12 @@ stacks started before theirs was ready (simulated from each kind's measured time
 runner over part 2's first 180 s from empty caches: two helpers 1.08x the trial-steps of one
 (results/sweep_packing/).
 
+A stack that compiles its own step from cold caches (a worker's first stacks, before any helper has run) spends
+about half of its first step's 30-35 s compiling the project's Triton kernels, one after another as the step first
+launches them, after Dynamo and Inductor are done (GSA and GLA stacks of 9 on the H200, benchmarks/compile_time.py).
+``warm_kernels`` has a helper run one eager step of that stack at a small batch meanwhile: the same kernels, with the
+same specialisations, compile there into Triton's on-disk cache while this process traces and compiles.
+
 A separate process, not a thread: compiling traces through functorch's vmap, whose state is shared by
 the threads of a process, and a thread compiling beside the stack's own vmapped steps breaks both.
 
@@ -42,11 +48,14 @@ from sandbox.train.step import cache_warm, warm_marker
 
 STEPS = 3           # the helper's runs are this long: its batch pool holds no more than it uses
 HELPERS = 2         # helper processes at once (two compilations side by side: 1.08x one, above)
+KERNEL_BATCH = 32   # a kernel warm-up's batch per replica: a multiple of 16 like the runs', so that the kernels' integer
+                    # arguments specialise alike, at an eighth of a 256-batch step's memory
 _helpers: list[subprocess.Popen] = []       # the helpers this process started
 # a helper's command: ``-m sandbox.train.precompile`` would run this module a second time after the package had
 # imported it (runpy's RuntimeWarning in every worker log); the module's name stays in the command line, where
 # ``queued`` looks for it
 _ENTRY = "import sys; from sandbox.train.precompile import main; sys.exit(main())"
+_ENTRY_KERNELS = "import sys; from sandbox.train.precompile import main; sys.exit(main(kernels_only=True))"
 
 
 def room(device) -> int:
@@ -108,6 +117,29 @@ def start(stacks, processes: int = 1) -> list[subprocess.Popen]:
     return started
 
 
+def warm_kernels(cfgs) -> subprocess.Popen | None:
+    """A helper that JIT-compiles the project's Triton kernels of the stack ``cfgs`` (one eager step at a batch of
+    ``KERNEL_BATCH``) while this process compiles the stack's step; None where this process would not compile it
+    from cold caches (not on a GPU, ``train.compile: false``, a kind compiled before or queued in a helper)."""
+    from sandbox.config import to_dict
+    from sandbox.train.group import resolve_device
+    from sandbox.train.step import compiled_before
+    tc = cfgs[0].train
+    kind = group_kind(cfgs)
+    if tc.compile is False or resolve_device(tc.device).type != "cuda" or compiled_before(kind) \
+            or cache_warm(kind) or queued(kind):
+        return None
+    p = subprocess.Popen([sys.executable, "-c", _ENTRY_KERNELS], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL if sys.stderr.isatty() else None,     # a log's, not a terminal's
+                         env=os.environ.copy())
+    p.stdin.write(json.dumps([[to_dict(c) for c in cfgs]]).encode())
+    p.stdin.close()
+    if not _helpers:
+        atexit.register(stop_all)
+    _helpers.append(p)
+    return p
+
+
 def stop(p: subprocess.Popen) -> None:
     if p.poll() is None:
         p.kill()
@@ -119,7 +151,9 @@ def stop_all() -> None:
         stop(p)
 
 
-def main() -> int:
+def main(kernels_only: bool = False) -> int:
+    """Compile the steps of the stacks read from stdin (with ``kernels_only``: run one eager step of each, which
+    compiles the project's Triton kernels only, and leaves the kind's marker and queue file alone)."""
     import gc
 
     import torch
@@ -142,20 +176,27 @@ def main() -> int:
         try:
             for c in cfgs:
                 c.train.steps = STEPS
+                if kernels_only:
+                    c.train.compile, c.train.cuda_graph = False, False
+                    c.train.batch_size = min(c.train.batch_size, KERNEL_BATCH)
             group = Group(cfgs)
-            group.step.compile_now()
-            group.step(*group.batch(0))     # an eager (not yet captured) compiled step: forward and backward
+            if not kernels_only:
+                group.step.compile_now()
+            group.step(*group.batch(0))     # an eager (not yet captured) step: forward and backward
             if group.device.type == "cuda":
                 torch.cuda.synchronize()
-            mark_cache_warm(kind)
+            if not kernels_only:
+                mark_cache_warm(kind)
             now = time.perf_counter()   # when each kind got ready: what a stack that started before it waited for
-            print(f"precompile (helper {os.getpid()}): {_label(cfgs)} compiled in {now - t_kind:.1f} s, "
+            what = "kernels compiled (eager step)" if kernels_only else "compiled"
+            print(f"precompile (helper {os.getpid()}): {_label(cfgs)} {what} in {now - t_kind:.1f} s, "
                   f"{now - t_start:.0f} s after the helper started", file=sys.stderr, flush=True)
         except Exception as e:              # e.g. out of memory beside the stack: that stack compiles itself
             failed += 1
             print(f"precompile: {type(e).__name__}: {e}", file=sys.stderr)
         finally:
-            _queue_file(kind).unlink(missing_ok=True)
+            if not kernels_only:            # the queue file is a compiling helper's
+                _queue_file(kind).unlink(missing_ok=True)
             del group
             forget_compilations()
             gc.collect()
