@@ -97,31 +97,15 @@ def start(stacks, processes: int = 1) -> list[subprocess.Popen]:
     """Start compiling the steps of ``stacks`` (each a list of run configs) in up to ``processes`` helper
     processes, the stacks dealt to them in turn, each helper's one after another. Stacks of a kind that is warm
     or queued already are left out; no helper when none is left."""
-    from sandbox.config import to_dict
     todo = [cfgs for cfgs in stacks if not (cache_warm(group_kind(cfgs)) or queued(group_kind(cfgs)))]
     n = max(0, min(processes, len(todo)))
-    started = []
-    for share in (todo[i::n] for i in range(n)):
-        p = subprocess.Popen([sys.executable, "-c", _ENTRY], stdin=subprocess.PIPE,
-                             stdout=subprocess.DEVNULL, env=os.environ.copy())    # its stderr: the worker's log
-        for cfgs in share:
-            path = _queue_file(group_kind(cfgs))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(str(p.pid))
-        p.stdin.write(json.dumps([[to_dict(c) for c in cfgs] for cfgs in share]).encode())
-        p.stdin.close()
-        if not _helpers:
-            atexit.register(stop_all)
-        _helpers.append(p)
-        started.append(p)
-    return started
+    return [_spawn(_ENTRY, share, queue=True) for share in (todo[i::n] for i in range(n))]
 
 
 def warm_kernels(cfgs) -> subprocess.Popen | None:
     """A helper that JIT-compiles the project's Triton kernels of the stack ``cfgs`` (one eager step at a batch of
     ``KERNEL_BATCH``) while this process compiles the stack's step; None where this process would not compile it
     from cold caches (not on a GPU, ``train.compile: false``, a kind compiled before or queued in a helper)."""
-    from sandbox.config import to_dict
     from sandbox.train.group import resolve_device
     from sandbox.train.step import compiled_before
     tc = cfgs[0].train
@@ -129,10 +113,20 @@ def warm_kernels(cfgs) -> subprocess.Popen | None:
     if tc.compile is False or resolve_device(tc.device).type != "cuda" or compiled_before(kind) \
             or cache_warm(kind) or queued(kind):
         return None
-    p = subprocess.Popen([sys.executable, "-c", _ENTRY_KERNELS], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL if sys.stderr.isatty() else None,     # a log's, not a terminal's
-                         env=os.environ.copy())
-    p.stdin.write(json.dumps([[to_dict(c) for c in cfgs]]).encode())
+    return _spawn(_ENTRY_KERNELS, [cfgs])
+
+
+def _spawn(entry: str, stacks, queue: bool = False) -> subprocess.Popen:
+    """A helper process running ``entry`` on ``stacks``; with ``queue``, registered as compiling their kinds. Its
+    lines go to this process's stderr where that is a log (a sweep worker's), not a terminal."""
+    from sandbox.config import to_dict
+    p = subprocess.Popen([sys.executable, "-c", entry], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL if sys.stderr.isatty() else None, env=os.environ.copy())
+    for cfgs in stacks if queue else []:
+        path = _queue_file(group_kind(cfgs))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(str(p.pid))
+    p.stdin.write(json.dumps([[to_dict(c) for c in cfgs] for cfgs in stacks]).encode())
     p.stdin.close()
     if not _helpers:
         atexit.register(stop_all)
