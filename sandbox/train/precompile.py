@@ -153,7 +153,6 @@ def main(kernels_only: bool = False) -> int:
     import torch
 
     from sandbox.config import config_from_dict
-    from sandbox.train.evaluation import evaluate_stack
     from sandbox.train.group import Group
     from sandbox.train.step import forget_compilations, mark_cache_warm
     warnings.simplefilter("ignore")     # the stack's own compilation says the same; the log keeps this helper's lines
@@ -180,16 +179,12 @@ def main(kernels_only: bool = False) -> int:
             group.step(*group.batch(0))     # an eager (not yet captured) step: forward and backward
             if group.device.type == "cuda":
                 torch.cuda.synchronize()
-            t_eval = time.perf_counter()
-            # and one evaluation, compiled as the stack's will be (its first, at eval_every steps): into the caches
-            evaluate_stack(group.step, group.tasks, cfgs[0].train.eval_batch_size, compiled=True)
             if not kernels_only:
                 mark_cache_warm(kind)
             now = time.perf_counter()   # when each kind got ready: what a stack that started before it waited for
             what = "kernels compiled (eager step)" if kernels_only else "compiled"
-            print(f"precompile (helper {os.getpid()}): {_label(cfgs)} {what} in {t_eval - t_kind:.1f} s, its "
-                  f"evaluation in {now - t_eval:.1f} s, {now - t_start:.0f} s after the helper started",
-                  file=sys.stderr, flush=True)
+            print(f"precompile (helper {os.getpid()}): {_label(cfgs)} {what} in {now - t_kind:.1f} s, "
+                  f"{now - t_start:.0f} s after the helper started", file=sys.stderr, flush=True)
         except Exception as e:              # e.g. out of memory beside the stack: that stack compiles itself
             failed += 1
             print(f"precompile: {type(e).__name__}: {e}", file=sys.stderr)
