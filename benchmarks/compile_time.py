@@ -9,7 +9,8 @@ Inductor, Triton), the second. Dynamo's own table of compile phases follows (``t
 ``--threads`` repeats each with TORCHINDUCTOR_COMPILE_THREADS set to each value (how much the parallel Triton
 compilation matters); ``--together N`` starts N processes of the first kind at once (a sweep's cold start, where the
 first kinds compile side by side); ``--warm-kernels`` times each also with the sweep's kernel warm-up helper
-(``precompile.warm_kernels``) started before the group is built, as a worker's cold stack does.
+(``precompile.warm_kernels``) started before the group is built, as a worker's cold stack does. ``--profile N`` runs
+the build and the first step under cProfile and prints the N functions with the most time in them and under them.
 """
 from __future__ import annotations
 
@@ -24,7 +25,11 @@ import time
 T0 = time.perf_counter()
 
 
-def child(sweep: str, kind: str, warm_kernels: bool) -> None:
+def child(sweep: str, kind: str, warm_kernels: bool, profile: int = 0) -> None:
+    import cProfile
+    import io
+    import pstats
+
     import torch
 
     from sandbox.bench.estimate import kind_name, sweep_kinds
@@ -39,10 +44,13 @@ def child(sweep: str, kind: str, warm_kernels: bool) -> None:
         c.seed, c.train.lr = i % seeds, c.train.lr * 2.0 ** (i // seeds - 1)
         c.train.steps = 5
         cfgs.append(c)
+    prof = cProfile.Profile() if profile else None
     t = time.perf_counter()
     if warm_kernels:
         from sandbox.train import precompile
         precompile.warm_kernels(cfgs)
+    if prof:
+        prof.enable()
     group = Group(cfgs)
     t_build = time.perf_counter() - t
     times = []
@@ -52,14 +60,22 @@ def child(sweep: str, kind: str, warm_kernels: bool) -> None:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
+        if prof and s == 0:
+            prof.disable()
+    table = ""
+    if prof:
+        for order in ("cumulative", "tottime"):
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats(order).print_stats(profile)
+            table += buf.getvalue()
     from torch._dynamo.utils import compile_times
     print(json.dumps({"kind": kind, "import_s": t_import, "build_s": t_build, "step_s": times,
                       "threads": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "default"),
                       "warm_kernels": warm_kernels,
-                      "phases": compile_times(repr="str", aggregate=True)}))
+                      "phases": compile_times(repr="str", aggregate=True), "profile": table}))
 
 
-def run(sweep, kinds, threads, together, warm) -> list[dict]:
+def run(sweep, kinds, threads, together, warm, profile=0) -> list[dict]:
     procs = []
     for kind in kinds:
         for _ in range(together):
@@ -68,7 +84,8 @@ def run(sweep, kinds, threads, together, warm) -> list[dict]:
             if threads:
                 env["TORCHINDUCTOR_COMPILE_THREADS"] = threads
             procs.append(subprocess.Popen([sys.executable, __file__, sweep, kind, "--child"]
-                                          + (["--warm-kernels"] if warm else []), env=env,
+                                          + (["--warm-kernels"] if warm else [])
+                                          + (["--profile", str(profile)] if profile else []), env=env,
                                           stdout=subprocess.PIPE, text=True))
         if together == 1:       # one at a time: nothing else on the CPUs
             procs[-1].wait()
@@ -87,21 +104,24 @@ def main() -> int:
     a.add_argument("--together", type=int, default=1)
     a.add_argument("--warm-kernels", action="store_true")
     a.add_argument("--quiet", action="store_true", help="without Dynamo's table")
+    a.add_argument("--profile", type=int, default=0, help="cProfile the build and first step: the top N functions")
     a.add_argument("--child", action="store_true")
     args = a.parse_args()
     if args.child:
-        child(args.sweep, args.kinds[0], args.warm_kernels)
+        child(args.sweep, args.kinds[0], args.warm_kernels, args.profile)
         return 0
     for threads in (args.threads.split(",") if args.threads else [""]):
         for warm in ([False, True] if args.warm_kernels else [False]):
             for r in run(args.sweep, args.kinds if args.together == 1 else args.kinds[:1], threads, args.together,
-                         warm):
+                         warm, args.profile):
                 steps = ", ".join(f"{s:.1f}" for s in r["step_s"])
                 print(f"{r['kind']} (compile threads {r['threads']}, {args.together} at once, kernel warm-up "
                       f"{'on' if warm else 'off'}): import {r['import_s']:.1f} s, build {r['build_s']:.1f} s, "
                       f"steps {steps} s", flush=True)
                 if not args.quiet:
                     print(r["phases"], flush=True)
+                if r.get("profile"):
+                    print(r["profile"], flush=True)
     return 0
 
 
