@@ -32,11 +32,11 @@ def child(sweep: str, kind: str, warm_kernels: bool, profile: int = 0) -> None:
 
     import torch
 
-    from sandbox.bench.estimate import kind_name, sweep_kinds
+    from sandbox.bench.estimate import sweep_kinds
     from sandbox.config import load_config
     from sandbox.train.group import Group
     t_import = time.perf_counter() - T0
-    (k,) = [k for k in sweep_kinds(sweep) if kind_name(k["data"]) == kind]
+    (k,) = [k for k in sweep_kinds(sweep) if k["name"] == kind]
     seeds = 3 if k["replicas"] == 9 else 1       # part 1 stacks 3 seeds x 3 learning rates
     cfgs = []
     for i in range(k["replicas"]):

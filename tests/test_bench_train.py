@@ -67,17 +67,34 @@ def test_a_sweeps_kinds_of_stack_and_their_counts_match_its_grid(tmp_path):
     """Figure 8 part 1: 3 mixers x dense/top-k x zero/noise tokens x 3 seeds x 3 learning rates = 108 trials;
     the runner stacks a grid point's 9 (seeds x rates), and zero and noise tokens cost the same, so 6 kinds of
     18 trials in 2 stacks of 9. A sweep whose two points differ in width has two kinds."""
-    from sandbox.bench.estimate import kind_name, sweep_kinds
+    from sandbox.bench.estimate import sweep_kinds
     kinds = sweep_kinds(str(ROOT / "sweeps" / "sse_fig8_topk.yaml"))
     assert [(k["trials"], k["stacks"], k["replicas"]) for k in kinds] == [(18, 2, 9)] * 6
-    assert sorted(kind_name(k["data"]) for k in kinds)[0] == "gla_d128_T320_conv_size4"
+    assert sorted(k["name"] for k in kinds)[0] == "gla_d128_T320_conv_size4"
     f = tmp_path / "s.yaml"
     f.write_text("name: s\nbase: {task: {name: mqar, seq_len: 32, num_kv_pairs: 4, vocab_size: 64}, "
                  "model: {mixer: gla, d_model: 32}, train: {steps: 10}}\n"
                  "grid: {model.d_model: [32, 64]}\ntune: {train.lr: [1.0e-3, 3.0e-3, 1.0e-2]}\n"
                  "objective: {metric: test/accuracy, mode: best}\n")
-    assert [(kind_name(k["data"]), k["trials"], k["stacks"], k["replicas"]) for k in sweep_kinds(str(f))] == \
+    assert [(k["name"], k["trials"], k["stacks"], k["replicas"]) for k in sweep_kinds(str(f))] == \
         [("gla_d32_T32", 3, 1, 3), ("gla_d64_T32", 3, 1, 3)]
+
+
+def test_kinds_that_differ_only_in_settings_their_name_leaves_out_are_named_apart(tmp_path):
+    """Two widths x two head counts: the short name tells the widths apart but not the heads, so the kinds of
+    equal width get their head counts appended (``--kinds`` and ``--timed`` find kinds by name); the
+    learning rate, seed and task content (here the gap) stay out of a name, as out of a kind."""
+    from sandbox.bench.estimate import sweep_kinds
+    f = tmp_path / "s.yaml"
+    f.write_text("name: s\nbase: {task: {name: mqar, seq_len: 32, num_kv_pairs: 4, vocab_size: 64}, "
+                 "model: {mixer: gla, d_model: 32}, train: {steps: 10}}\n"
+                 "grid: {model.d_model: [32, 64], model.n_heads: [1, 2], task.gap: [0, 8], seed: [0, 1]}\n"
+                 "tune: {train.lr: [1.0e-3, 3.0e-3]}\nobjective: {metric: test/accuracy, mode: best}\n")
+    kinds = sweep_kinds(str(f))
+    assert sorted((k["name"], k["trials"]) for k in kinds) == [
+        ("gla_d32_T32_n_heads1", 8), ("gla_d32_T32_n_heads2", 8), ("gla_d64_T32_n_heads1", 8),
+        ("gla_d64_T32_n_heads2", 8)]
+    assert len({k["name"] for k in sweep_kinds(str(ROOT / "sweeps" / "sse_ablations.yaml"))}) == 6
 
 
 def test_an_unknown_kind_is_refused_with_the_sweeps_kinds_before_any_gpu_work(capsys):

@@ -45,7 +45,35 @@ def sweep_kinds(path: str, cap: int = 12) -> list[dict]:
                              {"data": trials[0], "trials": 0, "stacks": 0, "replicas": min(size, len(trials))})
         k["trials"] += len(trials)
         k["stacks"] += math.ceil(len(trials) / size)
-    return list(kinds.values())
+    kinds = list(kinds.values())
+    for k, name in zip(kinds, _unique_names([k["data"] for k in kinds])):
+        k["name"] = name
+    return kinds
+
+
+def _unique_names(configs: list[dict]) -> list[str]:
+    """Each config's ``kind_name``; where several share one (kinds that differ in a setting the name leaves
+    out, e.g. ``model.n_heads`` or an ablation's switches), each gets the settings in which they differ."""
+    names = [kind_name(d) for d in configs]
+    flat = [_flatten(d) for d in configs]
+    for name in set(names):
+        same = [i for i, n in enumerate(names) if n == name]
+        if len(same) > 1:
+            keys = [k for k in flat[same[0]] if k not in _NOT_COST and not k.startswith("task.")
+                    and len({repr(flat[i].get(k)) for i in same}) > 1]
+            for i in same:
+                names[i] = "_".join([name] + [f"{k.rsplit('.', 1)[-1]}{flat[i].get(k)}" for k in keys])
+    return names
+
+
+_NOT_COST = ("seed", "name", "train.lr")    # with the task's content: what a kind's trials may differ in
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
 
 
 def config_words(d: dict) -> list[str]:
@@ -66,7 +94,7 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
     the estimated GPU-minutes of the sweep (of those kinds). With ``timed`` (estimate.json files of earlier
     calls, e.g. one per ``--kinds`` part), time nothing and estimate from their rows."""
     kinds = sweep_kinds(path)
-    names = [kind_name(k["data"]) for k in kinds]
+    names = [k["name"] for k in kinds]
     if only:
         unknown = [n for n in only if n not in names]
         if unknown:
@@ -84,9 +112,8 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
                 return 2
             found.update({r["kind"]: {**r, "gpu": data["gpu"], "steps": data["steps"], "torch": data["torch"]}
                           for r in data["rows"]})
-        rows = [every_evaluation(found[kind_name(k["data"])], k["data"]["train"]) for k in kinds
-                if kind_name(k["data"]) in found]
-        missing = [kind_name(k["data"]) for k in kinds if kind_name(k["data"]) not in found]
+        rows = [every_evaluation(found[k["name"]], k["data"]["train"]) for k in kinds if k["name"] in found]
+        missing = [k["name"] for k in kinds if k["name"] not in found]
         gpu, steps, version = (rows[0]["gpu"], rows[0]["steps"], rows[0]["torch"]) if rows else ("-", steps, "-")
         return _write_estimate(path, rows, gpu, version, steps, len(names), out, missing)
     import torch
@@ -99,7 +126,7 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
         trial_steps, rounds = d["train"]["steps"], eval_rounds(d["train"])
         d["train"].update(steps=steps, eval_every=steps // TIMED_ROUNDS, log_every=25, early_stop=None, compile=True)
         timed_rounds = eval_rounds(d["train"])
-        name = kind_name(d)
+        name = kind["name"]
         res = run_one(ROOT, name, d, out / name, replicas=kind["replicas"], warm=True, profile=profile)
         row = {"kind": name, "trials": kind["trials"], "stacks": kind["stacks"], "replicas": kind["replicas"]}
         if "error" in res or not res.get("steps_per_sec"):
