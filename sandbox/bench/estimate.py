@@ -7,8 +7,10 @@ per kind, its stacks x (steps x the stack's ms per step + the start-up measured 
 one of the run's, from three timed ones), one stack after another on one GPU with no early stop (an upper bound:
 the runner's second worker under MPS overlaps start-ups and fills what a small stack leaves). Each kind's
 set-up is also timed with warm compile caches, and a second figure simulates the sweep worker, whose helper
-compiles the next stacks ahead (``minutes_compiling_ahead``). ``--kinds NAMES`` times only the named kinds, for a
-sweep with more kinds than one GPU call can time; ``--timed JSON...`` joins such calls' estimate.json files.
+compiles the next stacks ahead (``minutes_compiling_ahead``). A sweep with more kinds than one GPU call can time
+is timed over several: ``--time-limit SECONDS`` stops before a kind that would not fit, and a later call given the
+earlier calls' estimate.json files (``--timed JSON...``) times only the kinds they lack and estimates from all the
+rows; ``--kinds NAMES`` times only the named kinds.
 With ``--ref`` each kind's stack is also trained by the other code in the same call: its ms per stacked step,
 the speed-up and the loss gap go beside this code's (the estimate stays this code's); ``--profile`` lists each
 kind's stacked step by kernel.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 from sandbox.bench.runs import ROOT, loss_gap, print_profile, run_one
@@ -89,10 +92,13 @@ def kind_name(d: dict) -> str:
 
 
 def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = None,
-                   timed: list[str] | None = None, ref: Path | None = None, profile: bool = False) -> int:
+                   timed: list[str] | None = None, ref: Path | None = None, profile: bool = False,
+                   time_limit: float | None = None) -> int:
     """Time one stack of each kind of ``path``'s trials (or of the kinds named in ``only``); print and write
-    the estimated GPU-minutes of the sweep (of those kinds). With ``timed`` (estimate.json files of earlier
-    calls, e.g. one per ``--kinds`` part), time nothing and estimate from their rows."""
+    the estimated GPU-minutes of the sweep (of those kinds). ``timed``: estimate.json files of earlier calls, whose
+    rows join this estimate and whose kinds are not timed again (without a GPU the others are listed as not timed).
+    ``time_limit``: start no kind once the seconds spent and the longest kind so far would pass it; the kinds left
+    are listed as not timed, for a later call with this one's estimate.json in ``timed``."""
     kinds = sweep_kinds(path)
     names = [k["name"] for k in kinds]
     if only:
@@ -102,66 +108,89 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
                   f"{', '.join(names)}", file=sys.stderr)
             return 2
         kinds = [k for k, n in zip(kinds, names) if n in only]
-    if timed:
-        found = {}
-        for f in timed:
-            try:
-                data = json.loads(Path(f).read_text())
-            except (OSError, ValueError) as e:
-                print(f"sandbox bench train: error: --timed: {f}: {e}", file=sys.stderr)
+    found = {}
+    for f in timed or []:
+        try:
+            data = json.loads(Path(f).read_text())
+        except (OSError, ValueError) as e:
+            print(f"sandbox bench train: error: --timed: {f}: {e}", file=sys.stderr)
+            return 2
+        found.update({r["kind"]: {**r, "gpu": data["gpu"], "steps": data["steps"], "torch": data["torch"]}
+                      for r in data["rows"]})
+    todo = [k for k in kinds if k["name"] not in found]
+    new: dict[str, dict] = {}
+    gpu = version = None
+    if todo:
+        import torch
+        if torch.cuda.is_available():
+            gpu, version = torch.cuda.get_device_name(), torch.__version__
+            other = sorted({r["gpu"] for r in found.values()} - {gpu})
+            if other:
+                print(f"sandbox bench train: error: --timed: rows timed on {', '.join(other)}, this GPU is {gpu}: "
+                      f"an estimate joins rows of one GPU", file=sys.stderr)
                 return 2
-            found.update({r["kind"]: {**r, "gpu": data["gpu"], "steps": data["steps"], "torch": data["torch"]}
-                          for r in data["rows"]})
-        rows = [every_evaluation(found[k["name"]], k["data"]["train"]) for k in kinds if k["name"] in found]
-        missing = [k["name"] for k in kinds if k["name"] not in found]
+            t0, longest = time.monotonic(), 0.0
+            for kind in todo:
+                if time_limit is not None and time.monotonic() - t0 + longest > time_limit:
+                    print(f"--time-limit {time_limit:.0f} s: {len(todo) - len(new)} kinds left for a later call",
+                          flush=True)
+                    break
+                t = time.monotonic()
+                new[kind["name"]] = time_kind(kind, steps, out, ref, profile)
+                longest = max(longest, time.monotonic() - t)
+        elif not found:
+            print("sandbox bench train: error: needs a CUDA GPU", file=sys.stderr)
+            return 1
+    rows = [new[k["name"]] if k["name"] in new else every_evaluation(found[k["name"]], k["data"]["train"])
+            for k in kinds if k["name"] in new or k["name"] in found]
+    missing = [k["name"] for k in kinds if k["name"] not in new and k["name"] not in found]
+    if gpu is None:
         gpu, steps, version = (rows[0]["gpu"], rows[0]["steps"], rows[0]["torch"]) if rows else ("-", steps, "-")
-        return _write_estimate(path, rows, gpu, version, steps, len(names), out, missing)
-    import torch
-    if not torch.cuda.is_available():
-        print("sandbox bench train: error: needs a CUDA GPU", file=sys.stderr)
-        return 1
-    rows = []
-    for kind in kinds:
-        d = json.loads(json.dumps(kind["data"]))
-        trial_steps, rounds = d["train"]["steps"], eval_rounds(d["train"])
-        d["train"].update(steps=steps, eval_every=steps // TIMED_ROUNDS, log_every=25, early_stop=None, compile=True)
-        timed_rounds = eval_rounds(d["train"])
-        name = kind["name"]
-        res = run_one(ROOT, name, d, out / name, replicas=kind["replicas"], warm=True, profile=profile)
-        row = {"kind": name, "trials": kind["trials"], "stacks": kind["stacks"], "replicas": kind["replicas"]}
-        if "error" in res or not res.get("steps_per_sec"):
-            error = res.get("error", "no steady steps logged")
-            rows.append({**row, "error": error})
-            print(f"{name}: {error}", flush=True)
-            continue
-        ms = 1e3 / res["steps_per_sec"]
-        # the stack's evaluations: the first (which may compile kernels for the test batch's shape) and the others
-        eval_s, first = res.get("eval_s") or 0.0, res.get("first_eval_s") or 0.0
-        start = res["wall_s"] - steps * ms / 1e3 - eval_s
-        row.update(ms_per_stack_step=ms, trial_steps_per_s=kind["replicas"] * 1e3 / ms, start_s=start,
-                   setup_s=res.get("setup_s"), eval_s=eval_s, first_eval_s=first,
-                   evals_s=first + (rounds - 1) * (eval_s - first) / max(timed_rounds - 1, 1),
-                   eval_rounds=rounds, warm_setup_s=res.get("warm_setup_s"), import_s=res.get("import_s"),
-                   train_s=trial_steps * ms / 1e3, peak_gib=res["peak_gib"])
-        row["gpu_minutes"] = minutes = kind["stacks"] * stack_seconds(row) / 60
-        if ref is not None:       # the same stack by the other code, side by side (its own compile caches' state)
-            old = run_one(ref, name, d, out / name / "ref", replicas=kind["replicas"])
-            if "error" in old or not old.get("steps_per_sec"):
-                row["ref_error"] = old.get("error", "no steady steps")
-            else:
-                row.update(ref_ms_per_stack_step=1e3 / old["steps_per_sec"],
-                           speedup=1e3 / old["steps_per_sec"] / ms, loss_gap=loss_gap(res["loss"], old["loss"]),
-                           ref_eval_s=old.get("eval_s"))
-        rows.append(row)
-        print(f"{name}: {kind['trials']} trials in {kind['stacks']} stacks of {kind['replicas']}: "
-              f"{ms:.2f} ms per stacked step, {row['trial_steps_per_s']:.0f} trial-steps/s, start-up {start:.0f} s "
-              f"({_start_parts(row)}; set-up {row['warm_setup_s'] or 0:.0f} s with warm caches), {rounds} "
-              f"evaluations {row['evals_s']:.1f} s, {minutes:.1f} GPU-minutes" + _against_ref(row), flush=True)
-        print_profile(res)
-        if res.get("profile"):
-            (out / name / "profile.json").write_text(json.dumps({"kernels": res["profile"],
-                                                                    "by_op_one_replica": res["by_op"]}))
-    return _write_estimate(path, rows, torch.cuda.get_device_name(), torch.__version__, steps, len(names), out)
+    return _write_estimate(path, rows, gpu, version, steps, len(names), out, missing)
+
+
+def time_kind(kind: dict, steps: int, out: Path, ref: Path | None = None, profile: bool = False) -> dict:
+    """Train one stack of ``kind`` for ``steps`` steps from cold compile caches, set it up again with warm ones, and
+    return its estimate row: ms per stacked step, start-up in parts, evaluations, and the GPU-minutes of the kind's
+    stacks (with ``ref``, the same stack by that code beside it; with ``profile``, its step by kernel)."""
+    d = json.loads(json.dumps(kind["data"]))
+    trial_steps, rounds = d["train"]["steps"], eval_rounds(d["train"])
+    d["train"].update(steps=steps, eval_every=steps // TIMED_ROUNDS, log_every=25, early_stop=None, compile=True)
+    timed_rounds = eval_rounds(d["train"])
+    name = kind["name"]
+    res = run_one(ROOT, name, d, out / name, replicas=kind["replicas"], warm=True, profile=profile)
+    row = {"kind": name, "trials": kind["trials"], "stacks": kind["stacks"], "replicas": kind["replicas"]}
+    if "error" in res or not res.get("steps_per_sec"):
+        error = res.get("error", "no steady steps logged")
+        print(f"{name}: {error}", flush=True)
+        return {**row, "error": error}
+    ms = 1e3 / res["steps_per_sec"]
+    # the stack's evaluations: the first (which may compile kernels for the test batch's shape) and the others
+    eval_s, first = res.get("eval_s") or 0.0, res.get("first_eval_s") or 0.0
+    start = res["wall_s"] - steps * ms / 1e3 - eval_s
+    row.update(ms_per_stack_step=ms, trial_steps_per_s=kind["replicas"] * 1e3 / ms, start_s=start,
+               setup_s=res.get("setup_s"), eval_s=eval_s, first_eval_s=first,
+               evals_s=first + (rounds - 1) * (eval_s - first) / max(timed_rounds - 1, 1),
+               eval_rounds=rounds, warm_setup_s=res.get("warm_setup_s"), import_s=res.get("import_s"),
+               train_s=trial_steps * ms / 1e3, peak_gib=res["peak_gib"])
+    row["gpu_minutes"] = minutes = kind["stacks"] * stack_seconds(row) / 60
+    if ref is not None:       # the same stack by the other code, side by side (its own compile caches' state)
+        old = run_one(ref, name, d, out / name / "ref", replicas=kind["replicas"])
+        if "error" in old or not old.get("steps_per_sec"):
+            row["ref_error"] = old.get("error", "no steady steps")
+        else:
+            row.update(ref_ms_per_stack_step=1e3 / old["steps_per_sec"],
+                       speedup=1e3 / old["steps_per_sec"] / ms, loss_gap=loss_gap(res["loss"], old["loss"]),
+                       ref_eval_s=old.get("eval_s"))
+    print(f"{name}: {kind['trials']} trials in {kind['stacks']} stacks of {kind['replicas']}: "
+          f"{ms:.2f} ms per stacked step, {row['trial_steps_per_s']:.0f} trial-steps/s, start-up {start:.0f} s "
+          f"({_start_parts(row)}; set-up {row['warm_setup_s'] or 0:.0f} s with warm caches), {rounds} "
+          f"evaluations {row['evals_s']:.1f} s, {minutes:.1f} GPU-minutes" + _against_ref(row), flush=True)
+    print_profile(res)
+    if res.get("profile"):
+        (out / name / "profile.json").write_text(json.dumps({"kernels": res["profile"],
+                                                                "by_op_one_replica": res["by_op"]}))
+    return row
 
 
 # Evaluations a timed stack makes (at steps/3, 2 steps/3 and its last step); a run of the sweep makes a dozen or so,

@@ -135,16 +135,16 @@ def main_train(argv=None) -> int:
                    "estimate the sweep's GPU-minutes (estimate.md/.json in --out)")
     p.add_argument("--kinds", metavar="NAMES", help="with --sweep: time only these kinds (comma-separated, as "
                    "estimate.md names them, e.g. gsa_d64_T320_conv_size4_num_slots64)")
-    p.add_argument("--timed", nargs="+", metavar="JSON", help="with --sweep: time nothing; estimate from the rows of "
-                   "earlier calls' estimate.json (e.g. one per --kinds part; a kind in several files: the last one's row)")
+    p.add_argument("--timed", nargs="+", metavar="JSON", help="with --sweep: the rows of earlier calls' estimate.json "
+                   "join this estimate, and their kinds are not timed again (a kind in several files: the last one's "
+                   "row); with every kind in them, or without a GPU, nothing is timed")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS", help="with --sweep: start no kind that would end "
+                   "after SECONDS (judged by the longest kind so far); the rest are left for a call with --timed")
     a = p.parse_args(argv)
     if a.steps < MIN_STEPS and not a.timed:
         print(f"sandbox bench train: error: --steps {a.steps}: the steady rate is read after the first 100 steps "
               f"(compilation, graph capture), from the rate logged every 25: give --steps {MIN_STEPS} or more",
               file=sys.stderr)
-        return 2
-    if a.ref and a.timed:
-        print("sandbox bench train: error: --ref times the other code; --timed times nothing", file=sys.stderr)
         return 2
     try:
         ref = ref_code(a.ref) if a.ref else None
@@ -153,13 +153,14 @@ def main_train(argv=None) -> int:
         return 2
     if a.sweep:
         only = [n.strip() for n in a.kinds.split(",") if n.strip()] if a.kinds else None
-        return estimate_sweep(a.sweep, a.steps, Path(a.out), only, a.timed, ref, a.profile)
+        return estimate_sweep(a.sweep, a.steps, Path(a.out), only, a.timed, ref, a.profile, a.time_limit)
     if a.timed:
         print("sandbox bench train: error: --timed needs --sweep FILE", file=sys.stderr)
         return 2
-    if a.kinds:
-        print("sandbox bench train: error: --kinds needs --sweep FILE", file=sys.stderr)
-        return 2
+    for flag, given in (("--kinds", a.kinds), ("--time-limit", a.time_limit)):
+        if given is not None:
+            print(f"sandbox bench train: error: {flag} needs --sweep FILE", file=sys.stderr)
+            return 2
     names = [n.strip() for n in a.configs.split(",") if n.strip()]
     unknown = [n for n in names if n not in REFERENCE]
     if unknown:
