@@ -57,8 +57,9 @@ def sweep_kinds(path: str, cap: int = 12) -> list[dict]:
 def _unique_names(configs: list[dict]) -> list[str]:
     """Each config's ``kind_name``; where several share one (kinds that differ in a setting the name leaves
     out, e.g. ``model.n_heads`` or an ablation's switches), each gets the settings in which they differ."""
+    from sandbox.config import flatten
     names = [kind_name(d) for d in configs]
-    flat = [_flatten(d) for d in configs]
+    flat = [flatten(d) for d in configs]
     for name in set(names):
         same = [i for i, n in enumerate(names) if n == name]
         if len(same) > 1:
@@ -70,13 +71,6 @@ def _unique_names(configs: list[dict]) -> list[str]:
 
 
 _NOT_COST = ("seed", "name", "train.lr")    # with the task's content: what a kind's trials may differ in
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
 
 
 def config_words(d: dict) -> list[str]:
