@@ -132,7 +132,7 @@ def test_a_helper_process_compiles_stacks_so_that_each_only_traces_its_step(tmp_
 
     from sandbox.train import precompile
     from sandbox.train.group import group_kind
-    from sandbox.train.step import cache_warm, forget_compilations
+    from sandbox.train.step import cache_warm, compile_seconds, forget_compilations
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     stacks = []
@@ -150,6 +150,11 @@ def test_a_helper_process_compiles_stacks_so_that_each_only_traces_its_step(tmp_
     said = sorted(line.split(": ", 1)[1].split(" compiled")[0] for line in err.splitlines()
                   if line.startswith("precompile (helper"))
     assert said == ["gla d20 x2", "gla d24 x2"]          # each helper says when its kind got ready
+    took = {line.split(": ", 1)[1].split(" compiled")[0]: float(line.split(" in ")[1].split(" s,")[0])
+            for line in err.splitlines() if line.startswith("precompile (helper")}
+    for cfgs in stacks:                                   # and its marker keeps how long that took
+        assert compile_seconds(group_kind(cfgs)) == pytest.approx(took[f"gla d{cfgs[0].model.d_model} x2"], abs=0.051)
+    assert compile_seconds(group_kind(other)) is None
     assert "Warning" not in err, err                      # and nothing else (a worker's log holds these lines)
     assert all(cache_warm(group_kind(c)) for c in stacks) and not cache_warm(group_kind(other))
     assert not precompile.queued(group_kind(stacks[0])) and not precompile.running()

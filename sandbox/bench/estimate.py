@@ -6,8 +6,12 @@ e.g. zero and noise tokens, are timed once), and estimates the GPU-minutes of th
 per kind, its stacks x (steps x the stack's ms per step + the start-up measured with it + its evaluations, every
 one of the run's, from three timed ones), one stack after another on one GPU with no early stop (an upper bound:
 the runner's second worker under MPS overlaps start-ups and fills what a small stack leaves). Each kind's
-set-up is also timed with warm compile caches, and a second figure simulates the sweep worker, whose helper
-compiles the next stacks ahead (``minutes_compiling_ahead``). A sweep with more kinds than one GPU call can time
+set-up is timed both from cold compile caches and with warm ones, and a second figure simulates the sweep worker,
+whose helpers compile the next stacks ahead (``minutes_compiling_ahead``). The timing works the same way: the
+first kind compiles in its own process, while the runner's helper processes (``precompile.HELPERS``) compile the
+next kinds' steps, and the others are timed with warm caches, their cold set-up being the seconds their helper's
+compilation took (beside the other helper and the timed stack, as in a sweep): about 15 s a kind, not 35. A sweep
+with more kinds than one GPU call can time
 is timed over several: ``--time-limit SECONDS`` stops before a kind that would not fit, and a later call given the
 earlier calls' estimate.json files (``--timed JSON...``) times only the kinds they lack and estimates from all the
 rows; ``--kinds NAMES`` times only the named kinds.
@@ -110,7 +114,7 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
             print(f"sandbox bench train: error: --timed: {f}: {e}", file=sys.stderr)
             return 2
         found.update({r["kind"]: {**r, "gpu": data["gpu"], "steps": data["steps"], "torch": data["torch"]}
-                      for r in data["rows"]})
+                      for r in data["rows"] if "error" not in r})       # a kind that failed is timed again
     todo = [k for k in kinds if k["name"] not in found]
     new: dict[str, dict] = {}
     gpu = version = None
@@ -123,15 +127,23 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
                 print(f"sandbox bench train: error: --timed: rows timed on {', '.join(other)}, this GPU is {gpu}: "
                       f"an estimate joins rows of one GPU", file=sys.stderr)
                 return 2
+            from sandbox.bench.step_worker import stack_configs
+            from sandbox.train import precompile
+            from sandbox.train.group import group_kind
+            from sandbox.train.step import compile_seconds
+            stacks = [stack_configs(timed_data(k, steps), k["replicas"]) for k in todo]
+            precompile.start(stacks[1:], precompile.HELPERS)      # the next kinds compile while one is timed
             t0, longest = time.monotonic(), 0.0
-            for kind in todo:
+            for kind, cfgs in zip(todo, stacks):
                 if time_limit is not None and time.monotonic() - t0 + longest > time_limit:
                     print(f"--time-limit {time_limit:.0f} s: {len(todo) - len(new)} kinds left for a later call",
                           flush=True)
                     break
                 t = time.monotonic()
-                new[kind["name"]] = time_kind(kind, steps, out, ref, profile)
+                precompile.wait(group_kind(cfgs))
+                new[kind["name"]] = time_kind(kind, steps, out, ref, profile, compile_seconds(group_kind(cfgs)))
                 longest = max(longest, time.monotonic() - t)
+            precompile.stop_all()
         elif not found:
             print("sandbox bench train: error: needs a CUDA GPU", file=sys.stderr)
             return 1
@@ -143,16 +155,27 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
     return _write_estimate(path, rows, gpu, version, steps, len(names), out, missing)
 
 
-def time_kind(kind: dict, steps: int, out: Path, ref: Path | None = None, profile: bool = False) -> dict:
+def timed_data(kind: dict, steps: int) -> dict:
+    """The config a timing of ``kind`` trains: its first trial's, ``steps`` long, with TIMED_ROUNDS evaluations,
+    compiled, no early stop."""
+    d = json.loads(json.dumps(kind["data"]))
+    d["train"].update(steps=steps, eval_every=steps // TIMED_ROUNDS, log_every=25, early_stop=None, compile=True)
+    return d
+
+
+def time_kind(kind: dict, steps: int, out: Path, ref: Path | None = None, profile: bool = False,
+              compiled_s: float | None = None) -> dict:
     """Train one stack of ``kind`` for ``steps`` steps from cold compile caches, set it up again with warm ones, and
     return its estimate row: ms per stacked step, start-up in parts, evaluations, and the GPU-minutes of the kind's
-    stacks (with ``ref``, the same stack by that code beside it; with ``profile``, its step by kernel)."""
-    d = json.loads(json.dumps(kind["data"]))
-    trial_steps, rounds = d["train"]["steps"], eval_rounds(d["train"])
-    d["train"].update(steps=steps, eval_every=steps // TIMED_ROUNDS, log_every=25, early_stop=None, compile=True)
+    stacks (with ``ref``, the same stack by that code beside it; with ``profile``, its step by kernel).
+    ``compiled_s``: a helper compiled the stack's step already, from cold caches, in that many seconds (the
+    estimate's precompile helpers); the stack is then timed with warm caches only, and its cold start-up is that
+    compilation in place of the warm set-up."""
+    d = timed_data(kind, steps)
+    trial_steps, rounds = kind["data"]["train"]["steps"], eval_rounds(kind["data"]["train"])
     timed_rounds = eval_rounds(d["train"])
     name = kind["name"]
-    res = run_one(ROOT, name, d, out / name, replicas=kind["replicas"], warm=True, profile=profile)
+    res = run_one(ROOT, name, d, out / name, replicas=kind["replicas"], warm=compiled_s is None, profile=profile)
     row = {"kind": name, "trials": kind["trials"], "stacks": kind["stacks"], "replicas": kind["replicas"]}
     if "error" in res or not res.get("steps_per_sec"):
         error = res.get("error", "no steady steps logged")
@@ -162,10 +185,14 @@ def time_kind(kind: dict, steps: int, out: Path, ref: Path | None = None, profil
     # the stack's evaluations: the first (which may compile kernels for the test batch's shape) and the others
     eval_s, first = res.get("eval_s") or 0.0, res.get("first_eval_s") or 0.0
     start = res["wall_s"] - steps * ms / 1e3 - eval_s
+    setup, warm_setup = res.get("setup_s"), res.get("warm_setup_s")
+    if compiled_s is not None and setup is not None:
+        start, setup, warm_setup = start - setup + compiled_s, compiled_s, setup
+        row["compiled_by_helper"] = True
     row.update(ms_per_stack_step=ms, trial_steps_per_s=kind["replicas"] * 1e3 / ms, start_s=start,
-               setup_s=res.get("setup_s"), eval_s=eval_s, first_eval_s=first,
+               setup_s=setup, eval_s=eval_s, first_eval_s=first,
                evals_s=first + (rounds - 1) * (eval_s - first) / max(timed_rounds - 1, 1),
-               eval_rounds=rounds, warm_setup_s=res.get("warm_setup_s"), import_s=res.get("import_s"),
+               eval_rounds=rounds, warm_setup_s=warm_setup, import_s=res.get("import_s"),
                train_s=trial_steps * ms / 1e3, peak_gib=res["peak_gib"])
     row["gpu_minutes"] = minutes = kind["stacks"] * stack_seconds(row) / 60
     if ref is not None:       # the same stack by the other code, side by side (its own compile caches' state)
@@ -308,4 +335,5 @@ def _start_parts(row: dict) -> str:
     the training call outside its steady steps and evaluations (the final checkpoints, logs, the result's files)."""
     if row.get("setup_s") is None:
         return "-"
-    return f"set-up {row['setup_s']:.0f}, other {row['start_s'] - row['setup_s']:.0f}"
+    by = " (a helper's)" if row.get("compiled_by_helper") else ""
+    return f"set-up {row['setup_s']:.0f}{by}, other {row['start_s'] - row['setup_s']:.0f}"

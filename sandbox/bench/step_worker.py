@@ -187,22 +187,25 @@ def _top(prof, steps: int) -> list[dict]:
     return [{"kernel": "TOTAL", "ms_per_step": total, "calls": sum(r["calls"] for r in rows)}] + rows
 
 
-def _train(data: dict, replicas: int, out: Path) -> Path:
-    """Train the configuration ``data`` (or ``replicas`` stacked copies of it at learning rates a factor 2
-    apart) into ``out``; the directory of the run whose log to read."""
+def stack_configs(data: dict, replicas: int) -> list:
+    """The runs a timing of ``data`` trains: ``replicas`` stacked copies at learning rates a factor 2 apart."""
     from sandbox.config import load_config
-    cfg = load_config(data=data)
+    cfgs = [load_config(data=data) for _ in range(replicas)]
+    for i, c in enumerate(cfgs):
+        c.train.lr *= 2.0 ** (i - replicas // 2)
+    return cfgs
+
+
+def _train(data: dict, replicas: int, out: Path) -> Path:
+    """Train the configuration ``data`` (or ``replicas`` stacked copies of it, ``stack_configs``) into ``out``;
+    the directory of the run whose log to read."""
     if replicas > 1:
         from sandbox.train import train_replicas
-        cfgs = []
-        for i in range(replicas):
-            c = load_config(data=data)
-            c.train.lr = cfg.train.lr * 2.0 ** (i - replicas // 2)
-            cfgs.append(c)
-        train_replicas(cfgs, [out / str(i) for i in range(replicas)], progress=False)
+        train_replicas(stack_configs(data, replicas), [out / str(i) for i in range(replicas)], progress=False)
         return out / str(replicas // 2)
+    from sandbox.config import load_config
     from sandbox.train import train
-    train(cfg, out, progress=False)
+    train(load_config(data=data), out, progress=False)
     return out
 
 

@@ -280,7 +280,7 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
                     for run in runs:
                         run.setup_s = setup_s
                     if step.compiled:                # its caches are warm now: helpers leave its kind out
-                        mark_cache_warm(step.kind)
+                        mark_cache_warm(step.kind, setup_s)
                     if warming is not None:          # its kernels are compiled: by then by this process too
                         precompile.stop(warming)
                     fit = 0 if prefetch is None or precompile.running() else precompile.room(device)

@@ -179,9 +179,9 @@ def main(kernels_only: bool = False) -> int:
             group.step(*group.batch(0))     # an eager (not yet captured) step: forward and backward
             if group.device.type == "cuda":
                 torch.cuda.synchronize()
-            if not kernels_only:
-                mark_cache_warm(kind)
             now = time.perf_counter()   # when each kind got ready: what a stack that started before it waited for
+            if not kernels_only:
+                mark_cache_warm(kind, now - t_kind)
             what = "kernels compiled (eager step)" if kernels_only else "compiled"
             print(f"precompile (helper {os.getpid()}): {_label(cfgs)} {what} in {now - t_kind:.1f} s, "
                   f"{now - t_start:.0f} s after the helper started", file=sys.stderr, flush=True)
