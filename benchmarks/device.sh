@@ -88,7 +88,7 @@ env)
     python3 -c "import optuna; print('optuna', optuna.__version__)" 2>/dev/null | tee -a "$OUT/env.txt"
     ;;
 checks)
-    tests=(tests/test_mqar.py tests/test_graph_step.py tests/test_replicas.py tests/test_recurrence.py
+    tests=(tests/test_mqar.py tests/test_graph_step.py tests/test_replicas.py tests/test_recurrence.py tests/test_kernel_grids.py
            tests/test_gla_small_heads.py)
     if [ $# -gt 0 ]; then tests=("$@"); : > "$OUT/checks.txt"; else
         sandbox bench kernels --check --shapes none --no-fla --no-torch --no-sse --no-profile \

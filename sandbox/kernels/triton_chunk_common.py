@@ -197,6 +197,16 @@ def _bwd_tiles(K: int, V: int):
 # ----------------------------------------------------------------------------- the sequential pass
 
 @triton.jit
+def tile_and_row(n_tiles):
+    """A program of a flat grid as (tile, row), the ``n_tiles`` tiles of a row adjacent: the order of a
+    ``(n_tiles, rows)`` grid. A grid's second and third axes hold at most 65,535 programs, and rows (sequences x
+    heads) pass that in a stacked evaluation: 12 replicas x 512 sequences x 16 heads (``sla_heads``) failed to
+    launch with "invalid argument"; the first axis holds 2**31 - 1."""
+    pid = tl.program_id(0)
+    return pid % n_tiles, pid // n_tiles
+
+
+@triton.jit
 def _states(a, b, gc, s0, s_end, hs, cu, coff, T, scale, SA, SB,
             H, K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
             REVERSE: tl.constexpr, HAS_S0: tl.constexpr, STORE_END: tl.constexpr,
@@ -206,7 +216,7 @@ def _states(a, b, gc, s0, s_end, hs, cu, coff, T, scale, SA, SB,
     chunk start, the final one into s_end.  REVERSE (a = qg, b = dO): X is the gradient of the state
     from later chunks, stored at every chunk end, d(initial state) into s_end.  s0 starts X.  SA, SB: the
     row strides of a and b (``as_rows``)."""
-    i_kv, i_nh = tl.program_id(0), tl.program_id(1)
+    i_kv, i_nh = tile_and_row(tl.cdiv(K, BK) * NV)
     i_k = i_kv // NV
     i_v = i_kv % NV
     i_n = i_nh // H
@@ -257,7 +267,7 @@ def run_states(a, b, gc, gate, s0, store_end, geo, scale, reverse):
     hs = torch.empty(NC, H, K, V, device=a.device, dtype=sdt)
     end = torch.empty(N, H, K, V, device=a.device, dtype=torch.float32) if store_end else None
     bk, bv, NK, NV, nw = _seq_cfg(K, V)
-    _states[(NK * NV, N * H)](a, b, gc, s0 if s0 is not None else a, end if end is not None else a, hs, cu, coff,
+    _states[(NK * NV * N * H,)](a, b, gc, s0 if s0 is not None else a, end if end is not None else a, hs, cu, coff,
                               T, scale, row_stride(a), row_stride(b), H, K=K, V=V, GATE=gate, IS_VARLEN=varlen,
                               REVERSE=reverse, HAS_S0=s0 is not None, STORE_END=store_end, BT=BT, BK=bk, BV=bv, NV=NV,
                               num_warps=nw)

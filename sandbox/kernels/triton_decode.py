@@ -16,12 +16,14 @@ import torch
 import triton
 import triton.language as tl
 
+from sandbox.kernels.triton_chunk_common import tile_and_row
+
 
 @triton.jit
 def _decode_dense(q, k, v, g, beta, S, o, scale,
                   K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, DELTA: tl.constexpr,
                   BK: tl.constexpr, BV: tl.constexpr):
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_v, i_bh = tile_and_row(tl.cdiv(V, BV))
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     b_v = tl.load(v + i_bh * V + o_v, mask=m_v, other=0.).to(tl.float32)
@@ -65,7 +67,7 @@ def _decode_dense(q, k, v, g, beta, S, o, scale,
 def _decode_rows(q, k, v, g, beta, S, o, rows, scale, R,
                  K: tl.constexpr, V: tl.constexpr, GATE: tl.constexpr, DELTA: tl.constexpr,
                  BK: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr):
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_v, i_bh = tile_and_row(tl.cdiv(V, BV))
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     # output from the old state (all rows, read only)
@@ -120,7 +122,7 @@ def decode_step(q, k, v, state, g=None, beta=None, *, scale=1.0, rows=None):
     o = torch.empty(B, H, V, device=q.device, dtype=v.dtype)
     BV = max(16, min(64, triton.next_power_of_2(V)))
     BK = max(16, min(64, triton.next_power_of_2(K)))
-    grid = (triton.cdiv(V, BV), B * H)
+    grid = (triton.cdiv(V, BV) * B * H,)
     if rows is None:
         _decode_dense[grid](q, k, v, gp, bp, state, o, float(scale), K=K, V=V, GATE=gate, DELTA=beta is not None,
                             BK=BK, BV=BV, num_warps=4)

@@ -22,7 +22,7 @@ import torch.utils.flop_counter
 import triton
 import triton.language as tl
 
-from sandbox.kernels.triton_chunk_common import chunk_table, fold_replicas
+from sandbox.kernels.triton_chunk_common import chunk_table, fold_replicas, tile_and_row
 
 C = 64
 
@@ -31,7 +31,7 @@ C = 64
 def _delta_fwd(qg, kl, w, u, aqk, el, h0, hs, vn, o, ht, co, H,
                K: tl.constexpr, V: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
                C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_v, i_nh = tile_and_row(tl.cdiv(V, BV))
     i_n = i_nh // H
     i_h = i_nh % H
     c0 = tl.load(co + i_n)
@@ -73,7 +73,7 @@ def _delta_fwd(qg, kl, w, u, aqk, el, h0, hs, vn, o, ht, co, H,
 def _delta_bwd(qg, kl, w, aqk, el, hs, vn, do, dht, dh0, dvn_o, dqg, dkl, dw, daqk, del_, co, H, NC,
                K: tl.constexpr, V: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
                C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_v, i_nh = tile_and_row(tl.cdiv(V, BV))
     i_n = i_nh // H
     i_h = i_nh % H
     c0 = tl.load(co + i_n)
@@ -259,7 +259,7 @@ def _scan_fwd(qg, kl, w, u, aqk, el, h0, co, N, output_final_state):
     vn = torch.empty(NC, H, C, V, device=dev, dtype=torch.float32)
     o = torch.empty(NC, H, C, V, device=dev, dtype=torch.float32)
     ht = torch.empty(N if output_final_state else 0, H, K, V, device=dev, dtype=torch.float32)
-    _delta_fwd[(triton.cdiv(V, BV), N * H)](qg, kl, w, u, aqk, el, h0 if h0 is not None else qg, hs, vn, o,
+    _delta_fwd[(triton.cdiv(V, BV) * N * H,)](qg, kl, w, u, aqk, el, h0 if h0 is not None else qg, hs, vn, o,
                                             ht if output_final_state else qg, co, H, K=K, V=V,
                                             HAS_H0=h0 is not None, STORE_HT=output_final_state, C=C,
                                             BK=BK, BV=BV, num_warps=8, num_stages=1)
@@ -300,7 +300,7 @@ def _scan_bwd(qg, kl, w, aqk, el, hs, vn, do, dht, co, N, need_dh0):
     daqk = torch.empty(NV, NC, H, C, C, device=dev, dtype=pt)
     de = torch.empty(NV, NC, H, device=dev, dtype=f32)
     dh0 = torch.empty(N if need_dh0 else 0, H, K, V, device=dev, dtype=f32)
-    _delta_bwd[(NV, N * H)](qg, kl, w, aqk, el, hs, vn, do.contiguous(),
+    _delta_bwd[(NV * N * H,)](qg, kl, w, aqk, el, hs, vn, do.contiguous(),
                             dht.contiguous() if dht is not None else qg, dh0 if need_dh0 else qg,
                             dvn, dqg, dkl, dw, daqk, de, co, H, NC, K=K, V=V, HAS_DHT=dht is not None,
                             STORE_DH0=need_dh0, C=C, BK=BK, BV=BV, num_warps=8, num_stages=1)

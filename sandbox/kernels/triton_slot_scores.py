@@ -26,7 +26,7 @@ import torch.utils.flop_counter
 import triton
 import triton.language as tl
 
-from sandbox.kernels.triton_chunk_common import fold_replicas
+from sandbox.kernels.triton_chunk_common import fold_replicas, tile_and_row
 
 C = 16  # chunk length (slot_scores.CHUNK)
 # Warps per launch by the key tile's width BK (the state tile is 64 slots x BK), the fastest of 1-8 for each kernel
@@ -80,7 +80,7 @@ def _tile(i_m, M, K: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
 @triton.jit
 def _fwd_states(k, s, g, gc, h, ht, T, H, M, NT, K: tl.constexpr, STORE_HT: tl.constexpr,
                 C: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
-    i_m, i_bh = tl.program_id(0), tl.program_id(1)
+    i_m, i_bh = tile_and_row(tl.cdiv(M, BM))
     i_b, i_h = i_bh // H, i_bh % H
     o_m, o_k, m_m, m_k = _tile(i_m, M, K, BM, BK)
     m_h = m_m[:, None] & m_k[None, :]
@@ -207,7 +207,7 @@ def _fwd(q, k, s, g, scale, output_final_state):
     ht = torch.empty(B if output_final_state else 0, H, M, K, device=q.device, dtype=f32)
     o = torch.empty(B, T, H, M, device=q.device, dtype=f32)
     w = warps_row(BK)
-    _fwd_states[(NM, B * H)](k, s, g, gc, h, ht, T, H, M, NT, K=K, STORE_HT=output_final_state, C=C, BM=BM,
+    _fwd_states[(NM * B * H,)](k, s, g, gc, h, ht, T, H, M, NT, K=K, STORE_HT=output_final_state, C=C, BM=BM,
                              BK=BK, num_warps=w["fwd_states"])
     _fwd_o[(B * triton.cdiv(NT, FWD_O_CHUNKS) * NM, H)](q, k, s, gc, h, o, scale, T, H, M, NT, K=K, C=C, BM=BM,
                                                         BK=BK, NM=NM, CPP=FWD_O_CHUNKS, num_warps=w["fwd_o"])
