@@ -101,6 +101,21 @@ def test_topk_gla_backward_bf16_gpu(K, V):
     assert all(bool((x.grad == 0).all()) for x in ins)
 
 
+@pytest.mark.skipif(not COMPILED, reason="needs a CUDA GPU with compiled Triton kernels (the fault is there)")
+@pytest.mark.parametrize("K, V", [(8, 16), (16, 16)])
+def test_gla_backward_bf16_heads_of_16_values_gpu(K, V):
+    """Heads of 16 values (GLA at d_model 256 with 16 heads: K 8, V 16) with bf16 inputs and strong diagonal gates:
+    the backward kernel read out of range on the H200 ("illegal memory access", sla_heads' 16-head kinds) at any
+    batch and head count; it now runs on float32 copies (triton_chunk._bwd_in_fp32). Output and every gradient
+    against the float64 loop."""
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(8, 320, 16, K, generator=gen), torch.randn(8, 320, 16, K, generator=gen) * K ** -0.5
+    v, do = torch.randn(8, 320, 16, V, generator=gen), torch.randn(8, 320, 16, V, generator=gen)
+    g = F.logsigmoid(torch.randn(8, 320, 16, K, generator=gen))
+    errs = grads_against_loop(q, k, v, g, do, torch.bfloat16, K ** -0.5)
+    assert all(e <= 3e-2 for e in errs.values()), errs
+
+
 @pytest.mark.skipif(not COMPILED, reason="needs a CUDA GPU with compiled Triton kernels (the miscompile is there)")
 def test_gla_d64_topk_model_gradients_finite_and_match_torch_gpu():
     """The issue's model (GLA d_model 64, 2 heads, top-k 4, conv 4, SwiGLU) on its task, one bf16 step: the
