@@ -69,17 +69,18 @@ def cache_warm(kind) -> bool:
     return kind is not None and warm_marker(kind).exists()
 
 
-def mark_cache_warm(kind, seconds: float | None = None) -> None:
-    """Leave ``kind``'s marker, holding the seconds its first compilation from cold caches took where given (a
-    marker already there keeps its own: a later, warm compilation is not what a cold start costs)."""
+def mark_cache_warm(kind, seconds: float) -> None:
+    """Leave ``kind``'s marker, holding the seconds its first compilation from cold caches took (a marker already
+    there keeps its own: a later, warm compilation is not what a cold start costs)."""
     if kind is not None and not warm_marker(kind).exists():
         path = warm_marker(kind)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("" if seconds is None else f"{seconds:.3f}")
+        path.write_text(f"{seconds:.3f}")
 
 
 def compile_seconds(kind) -> float | None:
-    """The seconds ``kind``'s first compilation took, as its marker holds them (None: no marker, or none kept)."""
+    """The seconds ``kind``'s first compilation took, as its marker holds them (None: no marker, or one from before
+    markers kept them)."""
     try:
         return float(warm_marker(kind).read_text())
     except (OSError, ValueError):
