@@ -11,10 +11,9 @@ whose helpers compile the next stacks ahead (``minutes_compiling_ahead``). The t
 first kind compiles in its own process, while the runner's helper processes (``precompile.HELPERS``) compile the
 next kinds' steps, and the others are timed with warm caches, their cold set-up being the seconds their helper's
 compilation took (beside the other helper and the timed stack, as in a sweep): about 15 s a kind, not 35. A sweep
-with more kinds than one GPU call can time
-is timed over several: ``--time-limit SECONDS`` stops before a kind that would not fit, and a later call given the
-earlier calls' estimate.json files (``--timed JSON...``) times only the kinds they lack and estimates from all the
-rows; ``--kinds NAMES`` times only the named kinds.
+with more kinds than one GPU call can time is timed over several: ``--time-limit SECONDS`` stops before a kind that
+would not fit, and a later call given the earlier calls' estimate.json files (``--timed JSON...``) times only the
+kinds they lack and estimates from all the rows; ``--kinds NAMES`` times only the named kinds.
 With ``--ref`` each kind's stack is also trained by the other code in the same call: its ms per stacked step,
 the speed-up and the loss gap go beside this code's (the estimate stays this code's); ``--profile`` lists each
 kind's stacked step by kernel.
