@@ -2,11 +2,14 @@
 chunked form, one case per process (a miscompiled case can fault with an illegal address, which ends the
 CUDA context).  Triton 3.6 on Hopper miscompiled ``_bwd_chunk`` whenever BV > BK (4 warps): dq and dg wrong,
 NaN or +-3e38, or an illegal address; ``_bwd_tiles`` now keeps BV <= BK.  Rerun this after a Triton upgrade
-(a case that forces BV > BK shows whether the compiler still needs the rule).
+(a case that forces BV > BK shows whether the compiler still needs the rule).  Heads of at most 16 values
+with one K tile read out of range at 4 warps once a chunk decays past exp(40) (session 52); ``_bwd_warps``
+launches them with 2: the cases forced to 4 warps there show whether that rule is still needed.
 
     python benchmarks/gla_bwd_tiles.py                      # the matrix below, one line per case
-    python benchmarks/gla_bwd_tiles.py 16 32 16 32 4 diag 8 320   # one case: K V BK BV WARPS GATE B T
-    (BK = BV = 0: the tiles _bwd_tiles picks; WARPS = 0: the launch's own; GATE none|scalar|diag|strong|vstrong|gsa)
+    python benchmarks/gla_bwd_tiles.py 16 32 16 32 4 diag 8 320   # one case: K V BK BV WARPS GATE B T [STAGES]
+    (BK = BV = 0: the tiles _bwd_tiles picks; WARPS = 0 (STAGES = 0 or none): the launch's own;
+    GATE none|scalar|diag|weak|strong|vstrong|gsa)
     python benchmarks/gla_bwd_tiles.py --time "64 64 0 0 0 gsa 2304 320" "64 64 32 32 4 gsa 2304 320" ...
     (each case's backward timed instead of checked, median ms of triton's do_bench: the tiles' speed at a
     stack's shape, where the float64 reference would not fit; check the same tiles at a small B first)
@@ -25,6 +28,11 @@ MATRIX = [
     "16 32 0 0 0 diag 64 320", "16 32 0 0 0 scalar 8 320", "16 32 0 0 0 none 8 320", "16 32 0 0 0 strong 8 320",
     "16 32 0 0 0 vstrong 8 320", "16 64 0 0 0 diag 8 320", "32 64 0 0 0 diag 8 320", "32 64 0 0 0 vstrong 8 320",
     "64 128 0 0 0 strong 8 320", "128 256 0 0 0 diag 4 320", "128 128 0 0 0 vstrong 8 320", "20 40 0 0 0 strong 4 200",
+    # heads of 16 values (sla_heads at 16 heads: K 8 padded to 16, V 16), launched with 2 warps: each decay path
+    "8 16 0 0 0 weak 8 320", "8 16 0 0 0 strong 8 320", "16 16 0 0 0 vstrong 8 320", "64 16 0 0 0 strong 8 320",
+    # forced to 4 warps: an out-of-range shared read on the H200 (Triton 3.6) with a decay past exp(40), sessions
+    # 51-52 (and with one or three pipeline stages); K = V = 32 and 64 at 4 warps (one K and one V tile, as GSA's)
+    "8 16 0 0 4 strong 8 320", "16 16 0 0 4 vstrong 8 320", "32 32 0 0 0 vstrong 8 320", "64 64 0 0 0 vstrong 8 320",
 ]
 
 
@@ -37,17 +45,19 @@ def one(argv, time=False):
 
     K, V, BK, BV, W = (int(x) for x in argv[:5])
     gate, B, T = argv[5], int(argv[6]), int(argv[7])
+    stages = int(argv[8]) if len(argv) > 8 else 0
     H = 2
     if BK:
         tcb._bwd_tiles = lambda K_, V_: (BK, BV)
-    if W:
+    if W or stages:
         fn = tcb._bwd_chunk
+        launch_opts = {**({"num_warps": W} if W else {}), **({"num_stages": stages} if stages else {})}
 
-        class Warps:
+        class Launch:
             def __getitem__(self, grid):
                 launch = fn[grid]
-                return lambda *x, **kw: launch(*x, **{**kw, "num_warps": W})
-        tcb._bwd_chunk = Warps()
+                return lambda *x, **kw: launch(*x, **{**kw, **launch_opts})
+        tcb._bwd_chunk = Launch()
     tiles = tcb._bwd_tiles(K, V)
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(B, T, H, K, generator=gen)
@@ -58,6 +68,8 @@ def one(argv, time=False):
         q = torch.randn(B, T, H, K, generator=gen).softmax(-1)
         g = F.logsigmoid(torch.randn(B, T, H, K, generator=gen)) / 8
         k = 1 - g.exp()
+    if gate == "weak":  # every chunk decays by less than exp(40): the one-product intra parts only
+        g = F.logsigmoid(torch.randn(B, T, H, K, generator=gen) + 8)
     if gate in ("strong", "vstrong"):  # chunks past exp(40) (mixed paths), or 16-row blocks past it (exact path)
         g = F.logsigmoid(torch.randn(B, T, H, K, generator=gen) * 2 - (1 if gate == "strong" else 4))
     g = None if gate == "none" else (g[..., 0] if gate == "scalar" else g)

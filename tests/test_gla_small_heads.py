@@ -102,12 +102,12 @@ def test_topk_gla_backward_bf16_gpu(K, V):
 
 
 @pytest.mark.skipif(not COMPILED, reason="needs a CUDA GPU with compiled Triton kernels (the fault is there)")
-@pytest.mark.parametrize("K, V", [(8, 16), (16, 16)])
+@pytest.mark.parametrize("K, V", [(8, 16), (16, 16), (64, 16)])
 def test_gla_backward_bf16_heads_of_16_values_gpu(K, V):
-    """Heads of 16 values (GLA at d_model 256 with 16 heads: K 8, V 16) with bf16 inputs and strong diagonal gates:
-    the backward kernel read out of range on the H200 ("illegal memory access", sla_heads' 16-head kinds) at any
-    batch and head count; it now runs on float32 copies (triton_chunk._bwd_in_fp32). Output and every gradient
-    against the float64 loop."""
+    """Heads of 16 values (GLA at d_model 256 with 16 heads: K 8, V 16) with bf16 inputs and diagonal gates that
+    decay a chunk past exp(40): with 4 warps the backward kernel read shared memory out of range on the H200
+    ("illegal memory access", sla_heads' 16-head kinds) at any batch and head count, K 8 to 64; it now launches
+    with 2 (``_bwd_warps``). Output and every gradient against the float64 loop."""
     gen = torch.Generator().manual_seed(0)
     q, k = torch.randn(8, 320, 16, K, generator=gen), torch.randn(8, 320, 16, K, generator=gen) * K ** -0.5
     v, do = torch.randn(8, 320, 16, V, generator=gen), torch.randn(8, 320, 16, V, generator=gen)

@@ -302,16 +302,6 @@ def _op_fwd_fake(q, k, v, g, h0, cu_seqlens, scale, output_final_state):
             _empty(q, torch.int32), _empty(q, torch.int32))
 
 
-# On the H200 (Triton 3.6) the backward gradient kernel ``_bwd_chunk`` with bf16 inputs, the diagonal gate and heads
-# of V = 16 values (16 x 16 tiles, one V tile) reads out of range: "illegal memory access", at any batch and head
-# count (K = 8 and 16; V = 32 with the same tiles, fp32 inputs, the scalar gate and no gate are right). GLA at
-# d_model 256 with 16 heads (sla_heads) died of it in its first steps, or trained on wrong values where the read
-# landed in mapped memory. Until the kernel is fixed, such a backward runs on float32 copies of its inputs (its
-# gradients come back in the inputs' dtypes): the kernel fp32 inputs take, right there.
-def _bwd_in_fp32(v, g, dtypes) -> bool:
-    return v.shape[-1] <= 16 and g is not None and g.dim() == 4 and torch.bfloat16 in dtypes
-
-
 @torch.library.custom_op("sandbox::chunk_gla_bwd", mutates_args=(), schema=_BWD_SCHEMA,
                          tags=(torch.Tag.flexible_layout,))
 def _op_bwd(q, k, v, g, gc, qg, kg, hs, A, do, dht, cu_seqlens, cidx, coff, scale, need_dh0):
@@ -323,16 +313,11 @@ def _op_bwd(q, k, v, g, gc, qg, kg, hs, A, do, dht, cu_seqlens, cidx, coff, scal
                cu_seqlens.to(torch.int32).contiguous(), coff)
     else:
         geo = _geometry(q, v, None)
-    dtypes, like = (q.dtype, k.dtype, v.dtype), q
     q, k, v = as_rows(q), as_rows(k), as_rows(v)      # as the forward read them
     g, gc, qg, kg, hs, A, do, dht = (_contiguous(x) for x in (g, gc, qg, kg, hs, A, do, dht))
-    gc, qg, kg = _none(gc), _none(qg), _none(kg)
-    if _bwd_in_fp32(v, g, dtypes):
-        q, k, v, qg, kg, hs, A, do = (x if x is None else x.float() for x in (q, k, v, qg, kg, hs, A, do))
-    dq, dk, dv, dg, dh0 = _bwd(q, k, v, g, gc, qg, kg, hs, scale, A, do, dht, geo, need_dh0)
-    dq, dk, dv = (d.to(t) for d, t in zip((dq, dk, dv), dtypes))
-    return (dq, dk, dv, dg if dg is not None else _empty(like),
-            dh0 if dh0 is not None else _empty(like, torch.float32))
+    dq, dk, dv, dg, dh0 = _bwd(q, k, v, g, _none(gc), _none(qg), _none(kg), hs, scale, A, do, dht, geo, need_dh0)
+    return (dq, dk, dv, dg if dg is not None else _empty(q),
+            dh0 if dh0 is not None else _empty(q, torch.float32))
 
 
 @_op_bwd.register_fake

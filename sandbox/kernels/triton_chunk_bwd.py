@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sandbox.kernels.triton_chunk_common import (BC, BT, _block_decay, _bwd_tiles, _chunk_bounds, _gate_kind, _pick,
+from sandbox.kernels.triton_chunk_common import (BC, BT, _block_decay, _bwd_tiles, _bwd_warps, _chunk_bounds, _gate_kind, _pick,
                                                  diag_block_limit, row_stride, run_states)
 
 
@@ -268,7 +268,8 @@ def _bwd(q, k, v, g, gc, qg, kg, hs, scale, A, do, dht, geo, need_dh0):
     _bwd_chunk[(NC * (NK + NV), H)](q, k, v, gp, kg, A, dA, do, hs, dh, dq, dk, dv, dg if dg is not None else q,
                                         cidx, T, TT, scale, row_stride(q), row_stride(k), row_stride(v),
                                         row_stride(kg), H, K=K, V=V, GATE=gate, IS_VARLEN=varlen, BT=BT, BC=BC,
-                                        BK=bk, BV=bv, NK=NK, NV=NV, LIM=diag_block_limit(q.dtype), num_warps=4)
+                                        BK=bk, BV=bv, NK=NK, NV=NV, LIM=diag_block_limit(q.dtype),
+                                        num_warps=_bwd_warps(K, V))
     if gate == 1:
         dg = (dg[0] if NK == 1 else dg.sum(0).to(g.dtype)).view(B, T, H)
     return dq.view(B, T, H, K), dk.view(B, T, H, K), dv.view(B, T, H, V), dg, dh0

@@ -177,7 +177,7 @@ def _par_tiles(K: int, V: int):
 
 
 def _bwd_tiles(K: int, V: int):
-    """K and V tiles of the backward gradient kernel (launched with 4 warps): the state tiles, with the V
+    """K and V tiles of the backward gradient kernel (launched with ``_bwd_warps``): the state tiles, with the V
     tile never wider than the K tile.  H200, (64,512,2,256): 0.47 ms with 4 warps against 0.51 with 8.
 
     Issue 21: with bf16 inputs, Triton 3.6 on Hopper miscompiles ``_bwd_chunk`` with BV > BK (seen on an
@@ -192,6 +192,17 @@ def _bwd_tiles(K: int, V: int):
     tests/test_gla_small_heads.py checks the GLA head shapes on a GPU)."""
     bk, bv = _par_tiles(K, V)
     return bk, min(bv, bk)
+
+
+def _bwd_warps(K: int, V: int) -> int:
+    """Warps of the backward gradient kernel: 4 (the fastest measured), but 2 for heads of at most 16 values
+    with one K tile (16-wide V tile, K <= 64).  With 4 warps there, bf16 inputs and the diagonal gate,
+    Triton 3.6 on the H200 reads shared memory out of range whenever a chunk decays past exp(LIM) (the
+    column-block intra part: compute-sanitizer names the ``ke`` line of ``_intra_dq``): "illegal memory
+    access" at K 8 to 64 with V 16 (GLA at d_model 256 with 16 heads, ``sla_heads``); K 128 (two K tiles),
+    V 32, fp32 inputs and the scalar gate are right.  2 and 8 warps are right there; 2 costs 1.09x the
+    4-warp time at a weak decay (B 8192, T 320, K = V = 16), 8 costs 1.6x (``results/throughput/v16_warps.txt``)."""
+    return 2 if V <= 16 and K <= 64 else 4
 
 
 # ----------------------------------------------------------------------------- the sequential pass
