@@ -199,6 +199,50 @@ def test_diverging_and_raising_trials_are_recorded_failed(tmp_path, capsys):
         t.user_attrs["failure"].split(":")[0] for t in trials_of(out) if t.number < 4 and t.state.name == "FAIL")
 
 
+def test_retrain_trains_the_matching_finished_points_again_and_supersedes_their_rows(tmp_path, capsys):
+    """After a fix to what some trials trained on (sla_heads' 16-head kernel), `--retrain KEY=VALUE` trains the
+    matching finished points again: new trials, the old ones superseded and out of results.csv's finished rows.
+    In float64 on the CPU a retrained point repeats its first run's objective (the reference); the same
+    conditions again queue nothing; a condition no point meets is a one-line error naming the flag."""
+    from sandbox.analysis.plot_sweep import finished, load_rows
+
+    path = write(tmp_path, """\
+        name: retrain
+        grid:
+          model.d_model: [16, 32]
+        tune:
+          train.lr: [1.0e-3, 3.0e-3]
+        """, steps=20)
+    path.write_text(path.read_text().replace("early_stop: null}", "early_stop: null, precision: fp64}"))
+    out = tmp_path / "out"
+    assert run_sweep(path, out, "--workers", "1").returncode == 0
+    first = {t.number: t for t in trials_of(out)}
+    r = run_sweep(path, out, "--workers", "1", "--retrain", "model.d_model=16")
+    assert r.returncode == 0 and "(2 newly queued)" in r.stdout, r.stdout + r.stderr
+    trials = trials_of(out)
+    again = [t for t in trials if t.number not in first]
+    assert len(again) == 2 and all(t.state.name == "COMPLETE" for t in again)
+    for t in again:
+        old = first[t.user_attrs["retrain_of"]]
+        assert old.user_attrs["grid"] == {"model.d_model": 16} and old.user_attrs["point_id"] == t.user_attrs["point_id"]
+        assert t.user_attrs["run_dir"] != old.user_attrs["run_dir"]
+        assert t.value == pytest.approx(old.value, abs=1e-9)
+    rows = {int(r["trial"]): r for r in csv.DictReader(open(out / "results.csv"))}
+    assert [rows[n]["status"] for n in sorted(rows)] == ["superseded", "superseded", "complete", "complete",
+                                                         "complete", "complete"]
+    assert rows[0]["objective"] == "" and rows[0]["note"].startswith("trained again as trial ")
+    kept, left = finished(load_rows(out)[0])
+    assert sorted(int(r["trial"]) for r in kept) == [2, 3, 4, 5] and left == {"superseded": 2}
+    # the same conditions again: nothing queued; no point at d_model 64: an error before anything runs
+    r = run_sweep(path, out, "--workers", "1", "--retrain", "model.d_model=16")
+    assert "(0 newly queued)" in r.stdout and len(trials_of(out)) == 6, r.stdout + r.stderr
+    assert main(["sweep", str(path), "--out", str(out), "--retrain", "model.d_model=64"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"sandbox: error: {path}: --retrain: no point has model.d_model=64", err
+    assert main(["sweep", str(path), "--out", str(out), "--retrain", "model.n_layers=1"]) == 2
+    assert "'model.n_layers' is not a grid or tuned key of this sweep" in capsys.readouterr().err
+
+
 def test_a_grid_points_trials_train_stacked_and_equal_one_by_one(tmp_path):
     """One worker takes a grid point's learning rates together (3 stacked replicas, one process) and records
     each as its own trial; in float64 their objectives equal those of the same sweep run one by one."""

@@ -31,6 +31,9 @@ def cmd_sweep(args) -> int:
     if args.time_limit is not None and args.time_limit <= 0:
         raise ValueError(f"--time-limit: must be > 0 seconds, got {args.time_limit:g}")
     spec = load_sweep(args.target[0])
+    if args.retrain:
+        from sandbox.sweep.study import retrain_matcher
+        retrain_matcher(spec, args.retrain)        # a condition no point meets is an error before anything starts
     if args.dry_run:
         return report.print_points(spec)
     out = Path(args.out) if args.out else Path("sweeps_out") / spec.name
@@ -38,7 +41,8 @@ def cmd_sweep(args) -> int:
         return run_sweep(spec, out, storage_url=args.storage, workers=args.workers,
                          workers_per_gpu=args.workers_per_gpu, heartbeat=args.heartbeat,
                          live=False if args.no_live else None, retry_failed=args.retry_failed,
-                         storage_timeout=args.storage_timeout, stack=args.stack, time_limit=args.time_limit)
+                         storage_timeout=args.storage_timeout, stack=args.stack, time_limit=args.time_limit,
+                         retrain=args.retrain or ())
     except StorageUnavailable as e:
         again = ["sandbox", "sweep", str(args.target[0]), "--out", str(out)]
         if args.storage:
@@ -81,5 +85,10 @@ def add_cli(sub) -> None:
     s.add_argument("--dry-run", action="store_true", help="validate and list the points, run nothing")
     s.add_argument("--retry-failed", action="store_true", help="queue failed points again (e.g. after "
                    "fixing what made them fail); complete ones are kept")
+    s.add_argument("--retrain", action="append", metavar="KEY=VALUE",
+                   help="train the finished points whose grid or tuned KEY is VALUE again (e.g. after a fix to a "
+                   "kernel they trained on; repeat for several conditions, all must hold); their earlier trials "
+                   "stay in the study as superseded and leave results.csv's accuracies. Once per set of conditions: "
+                   "rerunning with the same ones resumes")
     s.add_argument("--no-live", action="store_true", help="print progress lines instead of a live table")
     s.set_defaults(func=cmd_sweep)

@@ -15,6 +15,7 @@ import optuna
 from optuna.trial import TrialState
 
 from sandbox.sweep.storage import DEFAULT_TIMEOUT_S
+from sandbox.sweep.study import superseded
 
 RESULT_KEYS = ("final_accuracy", "best_accuracy", "best_step", "steps", "wall_time_s", "train_time_s", "setup_s",
                "eval_s", "steps_per_sec", "replicas", "compiled_at", "precompiled", "params", "state_size",
@@ -34,8 +35,10 @@ def retries_by_origin(trials) -> dict[int, object]:
     return {t.user_attrs["retry_of"]: t for t in trials if "retry_of" in t.user_attrs}
 
 
-def status_of(t, retried: dict | None = None) -> str:
+def status_of(t, retried: dict | None = None, gone: dict | None = None) -> str:
     a = t.user_attrs
+    if gone and t.number in gone:
+        return "superseded"
     if t.state == TrialState.FAIL:
         if "duplicate_of" in a:
             return "duplicate"
@@ -46,8 +49,11 @@ def status_of(t, retried: dict | None = None) -> str:
             TrialState.WAITING: "waiting"}[t.state]
 
 
-def _note(t, retried: dict) -> str:
+def _note(t, retried: dict, gone: dict) -> str:
     a = t.user_attrs
+    if t.number in gone:
+        nxt = gone[t.number]
+        return f"trained again as trial {nxt.number} ({nxt.user_attrs.get('retrain_reason', '--retrain')})"
     if "duplicate_of" in a:
         return f"duplicate of trial {a['duplicate_of']}"
     if t.state == TrialState.FAIL and "failure" not in a:
@@ -57,6 +63,8 @@ def _note(t, retried: dict) -> str:
     note = a.get("failure") or a.get("pruned") or ""
     if "retry_of" in a and not note:
         note = f"retry of trial {a['retry_of']}"
+    if "retrain_of" in a and not note:
+        note = f"trains trial {a['retrain_of']} again ({a.get('retrain_reason', '--retrain')})"
     return note
 
 
@@ -84,19 +92,20 @@ def _cell(v):
 
 def trial_rows(trials) -> list[dict]:
     grid_keys, tune_keys = keys_of(trials)
-    retried = retries_by_origin(trials)
+    retried, gone = retries_by_origin(trials), superseded(trials)
     rows = []
     for t in sorted(trials, key=lambda t: t.number):
         a, res = t.user_attrs, t.user_attrs.get("result") or {}
-        row = {"trial": t.number, "status": status_of(t, retried), "point_id": a.get("point_id", "")}
+        status = status_of(t, retried, gone)
+        row = {"trial": t.number, "status": status, "point_id": a.get("point_id", "")}
         row.update({k: a.get("grid", {}).get(k) for k in grid_keys})
         row.update({k: a.get("tune", {}).get(k) for k in tune_keys})
         row["sample"] = a.get("sample")
-        row["objective"] = t.value if t.state == TrialState.COMPLETE else None
+        row["objective"] = t.value if status == "complete" else None
         row.update({k: res.get(k) for k in RESULT_KEYS})
         d = duration(t)
         row["trial_time_s"] = round(d, 2) if d is not None else None
-        row.update({"worker": a.get("worker", ""), "run_dir": a.get("run_dir", ""), "note": _note(t, retried),
+        row.update({"worker": a.get("worker", ""), "run_dir": a.get("run_dir", ""), "note": _note(t, retried, gone),
                     "grid_id": a.get("grid_id", "")})
         rows.append(row)
     return rows
@@ -148,15 +157,17 @@ def seed_summary(summary: list[dict], grid_keys: list[str]) -> list[dict]:
 
 
 def counts(trials) -> dict:
-    c = {s: 0 for s in ("complete", "pruned", "failed", "running", "waiting", "lost", "requeued", "duplicate")}
-    retried = retries_by_origin(trials)
+    c = {s: 0 for s in ("complete", "pruned", "failed", "running", "waiting", "lost", "requeued", "duplicate",
+                        "superseded")}
+    retried, gone = retries_by_origin(trials), superseded(trials)
     for t in trials:
-        c[status_of(t, retried)] += 1
+        c[status_of(t, retried, gone)] += 1
     return c
 
 
 def best_trial(trials, direction: str):
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+    gone = superseded(trials)
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and t.number not in gone]
     if not done:
         return None
     return (max if direction == "maximize" else min)(done, key=lambda t: t.value)

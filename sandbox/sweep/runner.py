@@ -84,7 +84,7 @@ class GpuSampler(threading.Thread):
 def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers: int | None = None,
               workers_per_gpu: int | None = None, heartbeat: int | None = None, live: bool | None = None,
               retry_failed: bool = False, storage_timeout: float = DEFAULT_TIMEOUT_S, stack: int | None = None,
-              time_limit: float | None = None) -> int:
+              time_limit: float | None = None, retrain: list[str] = ()) -> int:
     import optuna
     from sandbox.sweep import report
 
@@ -112,7 +112,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
     shutil.copyfile(spec.source, sweep_dir / "sweep.yaml")
     study = load_study(storage, spec.name, spec.fingerprint()["pruning"])
     notes = reap(study, hb, adopt_foreign=True)
-    added = enqueue_points(study, spec, retry_failed)
+    added = enqueue_points(study, spec, retry_failed, retrain)
     stack = packing.group_size(spec) if stack is None else stack
     mps, grow = None, False
     if gpus and time_limit is not None and workers_per_gpu is None and not workers:

@@ -13,6 +13,9 @@ Trial bookkeeping (all in the study, so any machine can resume or report):
                                                         is final and never re-run
               lost, duplicate_of                        superseded trials (FAIL)
               retry_of, retry_reason, retries           a copy of a lost trial
+              retrain_of, retrain_reason                a finished trial trained again
+                                                        (``--retrain``); the one it
+                                                        retrains is superseded
 A trial whose worker died (seen by the launcher on its own host, or by a missed
 heartbeat with PostgreSQL) or that was interrupted is marked FAIL and re-enqueued
 as a copy that trains in the same run directory, resuming its checkpoint.
@@ -152,7 +155,7 @@ def requeue(study, trial, reason: str, count: bool = True) -> int | None:
             return None
     if retries > MAX_RETRIES:
         return None
-    keep = ("grid", "tune", "sample", "grid_id", "point_id", "run_dir")
+    keep = ("grid", "tune", "sample", "grid_id", "point_id", "run_dir", "retrain_of", "retrain_reason")
     attrs = {k: trial.user_attrs[k] for k in keep if k in trial.user_attrs}
     attrs.update(retries=retries, retry_of=trial.number, retry_reason=reason)
     template = create_trial(state=TrialState.WAITING, user_attrs=attrs, system_attrs={"fixed_params": {}})
@@ -231,18 +234,59 @@ def holds(trial) -> bool:
     return True
 
 
-def enqueue_points(study, spec, retry_failed: bool = False) -> int:
-    """Queue every point no trial holds yet; ``retry_failed``: also those whose trials failed."""
+def superseded(trials) -> dict[int, object]:
+    """{number of a finished trial: the trial that trains its point again} (``--retrain``)."""
+    return {t.user_attrs["retrain_of"]: t for t in trials
+            if "retrain_of" in t.user_attrs and "duplicate_of" not in t.user_attrs}
+
+
+def retrain_matcher(spec, where: list[str]):
+    """``--retrain KEY=VALUE ...`` as a test on a point (every condition holds; KEY a grid or tuned key of the
+    sweep, VALUE as the YAML writes it), or a one-line error naming the condition."""
+    import yaml
+
+    from sandbox.config import ConfigError
+
+    keys = [*spec.grid_keys, *spec.tune_keys]
+    conds = []
+    for cond in where:
+        key, sep, raw = cond.partition("=")
+        if not sep or not key:
+            raise ConfigError(spec.source, "--retrain", f"expected KEY=VALUE, got {cond!r}")
+        if key not in keys:
+            raise ConfigError(spec.source, "--retrain", f"{key!r} is not a grid or tuned key of this sweep "
+                              f"({', '.join(keys)})")
+        conds.append((key, yaml.safe_load(raw), raw))
+    match = lambda p: all((v := {**p.grid, **p.tune}.get(k)) == want or str(v) == raw for k, want, raw in conds)
+    if not any(match(p) for p in spec.points()):
+        raise ConfigError(spec.source, "--retrain", f"no point has {' '.join(where)}")
+    return match
+
+
+def enqueue_points(study, spec, retry_failed: bool = False, retrain: list[str] = ()) -> int:
+    """Queue every point no trial holds yet; ``retry_failed``: also those whose trials failed; ``retrain``
+    (KEY=VALUE conditions): also the finished points that match, once for each set of conditions (e.g. after a
+    fix to a kernel they trained on). A retrained point's earlier trial stays in the study as superseded."""
     trials = trials_in(study)
+    gone = superseded(trials)
     held = {t.user_attrs.get("point_id") for t in trials
-            if holds(t) and not (retry_failed and t.state == TrialState.FAIL)}
+            if holds(t) and t.number not in gone and not (retry_failed and t.state == TrialState.FAIL)}
     failed = {t.user_attrs.get("point_id"): t.number for t in trials if t.state == TrialState.FAIL and holds(t)}
+    finished = {t.user_attrs.get("point_id"): t for t in trials
+                if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.number not in gone}
+    match = retrain_matcher(spec, list(retrain)) if retrain else None
+    reason = "--retrain " + " ".join(retrain)
     n = 0
     for p in spec.points():
-        if p.point_id in held:
-            continue
         attrs = {"grid": p.grid, "tune": p.tune, "sample": p.sample, "grid_id": p.grid_id, "point_id": p.point_id}
-        if p.point_id in failed:   # the worker must not take the failed trial for a duplicate
+        done = finished.get(p.point_id)
+        if match is not None and done is not None and match(p):
+            if done.user_attrs.get("retrain_reason") == reason:
+                continue           # retrained for these conditions already
+            attrs.update(retrain_of=done.number, retrain_reason=reason)
+        elif p.point_id in held:
+            continue
+        elif p.point_id in failed:   # the worker must not take the failed trial for a duplicate
             attrs.update(retry_of=failed[p.point_id], retry_reason="--retry-failed")
         study.enqueue_trial({}, user_attrs=attrs)
         n += 1

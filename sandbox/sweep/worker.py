@@ -41,7 +41,7 @@ from sandbox.sweep import packing
 from sandbox.sweep.report import RESULT_KEYS
 from sandbox.sweep.storage import DEFAULT_TIMEOUT_S, EXIT_STORAGE, StorageUnavailable, TrialReporter
 from sandbox.sweep.study import (FINAL_FAIL, HOST, heartbeat_interval, holds, load_study, make_pruner, objective_value,
-                                 open_storage, requeue, trials_in, uses_heartbeat)
+                                 open_storage, requeue, superseded, trials_in, uses_heartbeat)
 
 
 # stacks of the queue whose steps helpers compile ahead of this worker (precompile.py): a few, since the
@@ -216,8 +216,10 @@ class _Worker:
             storage.set_trial_user_attr(t._trial_id, "worker", f"{HOST}:{os.getpid()}:{self.gpu or 'cpu'}")
             point = t.user_attrs.get("point_id")
             retry = "retry_of" in t.user_attrs      # earlier failures of its point are what it retries
-            for o in trials_in(self.study):
-                if retry and o.state == TrialState.FAIL and o.number < t.number:
+            trials = trials_in(self.study)
+            gone = superseded(trials)               # finished trials that a retrain replaces
+            for o in trials:
+                if (retry and o.state == TrialState.FAIL and o.number < t.number) or o.number in gone:
                     continue
                 if o.number != t.number and o.user_attrs.get("point_id") == point and holds(o) and (
                         o.state not in (TrialState.RUNNING, TrialState.WAITING) or o.number < t.number):
