@@ -124,7 +124,7 @@ def grid_summary(trials, direction: str) -> tuple[list[dict], list[str], list[st
         done = [r for r in rows if r["objective"] is not None]
         best = max(done, key=lambda r: sign * r["objective"]) if done else None
         counts = {s: sum(r["status"] == s for r in rows) for s in ("complete", "pruned", "failed", "running",
-                                                                  "waiting", "lost")}
+                                                                  "waiting", "lost", "superseded")}
         row = {k: rows[0][k] for k in grid_keys}
         row["best"] = best["objective"] if best else None
         row.update({f"best {k}": best[k] if best else None for k in tune_keys})
@@ -182,7 +182,8 @@ def progress_line(trials, direction: str, since: float | None = None, workers: i
     c = counts(trials)
     total = c["complete"] + c["pruned"] + c["failed"] + c["running"] + c["waiting"] + c["lost"]
     parts = [f"{c['complete'] + c['pruned'] + c['failed']}/{total} finished ({c['complete']} complete, "
-             f"{c['pruned']} pruned, {c['failed']} failed), {c['running']} running, {c['waiting']} waiting"]
+             f"{c['pruned']} pruned, {c['failed']} failed), {c['running']} running, {c['waiting']} waiting"
+             + (f", {c['superseded']} superseded (trained again by --retrain)" if c["superseded"] else "")]
     b = best_trial(trials, direction)
     if b is not None:
         parts.append(f"best {b.value:.4f} (trial {b.number}: {point_label(b)})")
