@@ -5,9 +5,11 @@
 #
 # Recipes:
 #   env                      the GPU, driver, and package versions
-#   checks [PYTEST_ARGS]     every Triton kernel family against its float64 reference on this GPU, plus the
+#   checks [families | tests | PYTEST_ARGS]  every Triton kernel family against its float64 reference on this GPU, plus the
 #                            GPU-only tests (CUDA graph = eager, stacked replicas = solo runs in bf16, kernel
-#                            tiles that Triton 3.6 miscompiles on Hopper); with PYTEST_ARGS only those tests
+#                            tiles that Triton 3.6 miscompiles on Hopper); with PYTEST_ARGS only those tests.
+#                            On a cold machine the whole recipe takes about 10.5 minutes, past one call: run
+#                            `checks families` (the families alone, 3 minutes), then `checks tests` (the tests alone)
 #   bench-kernels [ARGS]     `sandbox bench kernels --check ARGS` (fla beside ours when its wheel is in .whl)
 #   bench-train [ARGS]       `sandbox bench train --ref .ref/REF ARGS` (REF: $REF, else the newest directory in .ref;
 #                            REF=none or none carried: no ref. With --sweep too: each kind's stack is also timed by that code)
@@ -90,9 +92,17 @@ env)
 checks)
     tests=(tests/test_mqar.py tests/test_graph_step.py tests/test_replicas.py tests/test_recurrence.py tests/test_kernel_grids.py
            tests/test_gla_small_heads.py)
-    if [ $# -gt 0 ]; then tests=("$@"); : > "$OUT/checks.txt"; else
+    only=
+    case "${1:-}" in
+        families) only=families ;;
+        tests) only=tests ;;
+        ?*) only=tests; tests=("$@") ;;
+    esac
+    if [ "$only" = tests ]; then : > "$OUT/checks.txt"; else
         sandbox bench kernels --check --shapes none --no-fla --no-torch --no-sse --no-profile \
             --out "$OUT/checks.json" 2>&1 | tee "$OUT/checks.txt"
+        status=${PIPESTATUS[0]}
+        [ "$only" = families ] && exit "$status"
     fi
     python3 -m pytest -q -rP --durations=15 -p no:cacheprovider -p no:logging "${tests[@]}" 2>&1 | tee -a "$OUT/checks.txt"
     echo "pytest exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/checks.txt"   # its summary line went missing twice
