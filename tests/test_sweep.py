@@ -224,7 +224,8 @@ def test_retrain_trains_the_matching_finished_points_again_and_supersedes_their_
     assert len(again) == 2 and all(t.state.name == "COMPLETE" for t in again)
     for t in again:
         old = first[t.user_attrs["retrain_of"]]
-        assert old.user_attrs["grid"] == {"model.d_model": 16} and old.user_attrs["point_id"] == t.user_attrs["point_id"]
+        assert old.user_attrs["grid"] == {"model.d_model": 16}
+        assert old.user_attrs["point_id"] == t.user_attrs["point_id"]
         assert t.user_attrs["run_dir"] != old.user_attrs["run_dir"]
         assert t.value == pytest.approx(old.value, abs=1e-9)
     rows = {int(r["trial"]): r for r in csv.DictReader(open(out / "results.csv"))}

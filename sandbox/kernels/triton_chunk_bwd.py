@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from sandbox.kernels.triton_chunk_common import (BC, BT, _block_decay, _bwd_tiles, _bwd_warps, _chunk_bounds, _gate_kind, _pick,
-                                                 diag_block_limit, row_stride, run_states)
+from sandbox.kernels.triton_chunk_common import (BC, BT, _block_decay, _bwd_tiles, _bwd_warps, _chunk_bounds,
+                                                 _gate_kind, _pick, diag_block_limit, row_stride, run_states)
 
 
 @triton.jit

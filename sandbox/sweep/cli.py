@@ -88,7 +88,7 @@ def add_cli(sub) -> None:
     s.add_argument("--retrain", action="append", metavar="KEY=VALUE",
                    help="train the finished points whose grid or tuned KEY is VALUE again (e.g. after a fix to a "
                    "kernel they trained on; repeat for several conditions, all must hold); their earlier trials "
-                   "stay in the study as superseded and leave results.csv's accuracies. Once per set of conditions: "
-                   "rerunning with the same ones resumes")
+                   "stay in the study as superseded, out of the verdicts, plots and best values. Once per set of "
+                   "conditions: rerunning with the same ones resumes")
     s.add_argument("--no-live", action="store_true", help="print progress lines instead of a live table")
     s.set_defaults(func=cmd_sweep)
