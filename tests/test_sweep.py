@@ -242,6 +242,11 @@ def test_retrain_trains_the_matching_finished_points_again_and_supersedes_their_
     assert err == f"sandbox: error: {path}: --retrain: no point has model.d_model=64", err
     assert main(["sweep", str(path), "--out", str(out), "--retrain", "model.n_layers=1"]) == 2
     assert "'model.n_layers' is not a grid or tuned key of this sweep" in capsys.readouterr().err
+    # a learning rate written without a dot (YAML reads 1e-3 as a string) still names the 1.0e-3 points
+    from sandbox.sweep.study import retrain_matcher
+    match = retrain_matcher(load_sweep(path), ["train.lr=1e-3", "model.d_model=32"])
+    assert [(p.grid["model.d_model"], p.tune["train.lr"]) for p in load_sweep(path).points() if match(p)] == [
+        (32, 1.0e-3)]
 
 
 def test_a_grid_points_trials_train_stacked_and_equal_one_by_one(tmp_path):

@@ -242,25 +242,36 @@ def superseded(trials) -> dict[int, object]:
 
 def retrain_matcher(spec, where: list[str]):
     """``--retrain KEY=VALUE ...`` as a test on a point (every condition holds; KEY a grid or tuned key of the
-    sweep, VALUE as the YAML writes it), or a one-line error naming the condition."""
-    import yaml
-
-    from sandbox.config import ConfigError
+    sweep, VALUE read as ``--set`` reads it, numbers compared as numbers: 5e-4 is 5.0e-4), or a one-line error
+    naming the condition."""
+    from sandbox.config import ConfigError, parse_override
 
     keys = [*spec.grid_keys, *spec.tune_keys]
     conds = []
     for cond in where:
-        key, sep, raw = cond.partition("=")
-        if not sep or not key:
-            raise ConfigError(spec.source, "--retrain", f"expected KEY=VALUE, got {cond!r}")
+        try:
+            key, want = parse_override(cond)
+        except ConfigError:
+            raise ConfigError(spec.source, "--retrain", f"expected KEY=VALUE, got {cond!r}") from None
         if key not in keys:
             raise ConfigError(spec.source, "--retrain", f"{key!r} is not a grid or tuned key of this sweep "
                               f"({', '.join(keys)})")
-        conds.append((key, yaml.safe_load(raw), raw))
-    match = lambda p: all((v := {**p.grid, **p.tune}.get(k)) == want or str(v) == raw for k, want, raw in conds)
+        conds.append((key, want))
+    match = lambda p: all(_same({**p.grid, **p.tune}.get(k), want) for k, want in conds)
     if not any(match(p) for p in spec.points()):
         raise ConfigError(spec.source, "--retrain", f"no point has {' '.join(where)}")
     return match
+
+
+def _same(value, want) -> bool:
+    if value == want:
+        return True
+    if isinstance(value, bool) or isinstance(want, bool):
+        return False
+    try:                # YAML reads 5e-4 (no dot) as a string
+        return float(value) == float(want)
+    except (TypeError, ValueError):
+        return False
 
 
 def enqueue_points(study, spec, retry_failed: bool = False, retrain: list[str] = ()) -> int:
