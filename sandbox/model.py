@@ -9,7 +9,7 @@ from torch import nn
 from sandbox.config import ModelConfig
 from sandbox.kernels.embedding import embedding
 from sandbox.mixers import Mixer, MixerContext, build_mixer
-from sandbox.mixers.base import gather_rows
+from sandbox.mixers.base import Linear, gather_rows
 
 
 def make_norm(kind: str, d: int) -> nn.Module:
@@ -20,8 +20,8 @@ class SwiGLU(nn.Module):
     def __init__(self, d_model: int, expand: float):
         super().__init__()
         hidden = max(8, int(round(expand * d_model / 8)) * 8)
-        self.up = nn.Linear(d_model, 2 * hidden, bias=False)
-        self.down = nn.Linear(hidden, d_model, bias=False)
+        self.up = Linear(d_model, 2 * hidden, bias=False)
+        self.down = Linear(hidden, d_model, bias=False)
 
     def forward(self, x):
         a, b = self.up(x).chunk(2, dim=-1)

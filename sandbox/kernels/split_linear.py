@@ -15,12 +15,14 @@ Since the compiled step lowers every concatenation as a ConcatKernel (``sandbox/
 own concatenation also writes each piece in place; against that, this op measured the Figure 8 GLA 1.015x
 faster and Gated DeltaNet 1.014x slower (results/throughput/bench_concat.json), so it stays. It reaches
 single runs only: under ``vmap`` (stacked replicas), torch.compile inlines an ``autograd.Function``'s forward
-and differentiates that, ignoring its backward (pytorch/pytorch#129845); stacks get the ConcatKernel.
+and differentiates that, ignoring its backward (pytorch/pytorch#129845); stacks get the ConcatKernel, and the
+product of ``linear`` (``linear.py``), whose weight gradient is summed over runs of tokens.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from sandbox.kernels.linear import linear
 
 
 @torch.library.custom_op("sandbox::cat_columns", mutates_args=())
@@ -45,7 +47,7 @@ class _SplitLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(x, w, sizes):
-        return tuple(F.linear(x, w).split(sizes, -1))
+        return tuple(linear(x, w).split(sizes, -1))
 
     @staticmethod
     def setup_context(ctx, inputs, output):

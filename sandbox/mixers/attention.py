@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sandbox.mixers.base import Mixer, MixerContext, register
+from sandbox.mixers.base import Linear, Mixer, MixerContext, register
 
 
 @dataclass
@@ -32,8 +32,8 @@ class Attention(Mixer):
         if ctx.d_model % ctx.n_heads:
             raise ValueError(f"d_model {ctx.d_model} is not divisible by n_heads {ctx.n_heads}")
         self.n_heads = ctx.n_heads
-        self.qkv = nn.Linear(ctx.d_model, 3 * ctx.d_model, bias=cfg.bias)
-        self.out = nn.Linear(ctx.d_model, ctx.d_model, bias=cfg.bias)
+        self.qkv = Linear(ctx.d_model, 3 * ctx.d_model, bias=cfg.bias)
+        self.out = Linear(ctx.d_model, ctx.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape

@@ -26,6 +26,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from sandbox.kernels.linear import linear
+
 
 @dataclass(frozen=True)
 class MixerContext:
@@ -90,6 +92,14 @@ def register(name: str, config_cls: type = NoConfig) -> Callable[[type[Mixer]], 
         return cls
 
     return deco
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` whose weight gradient is summed over runs of tokens (``sandbox.kernels.linear``): the layer
+    every mixer and the channel mixer project with."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
 
 
 def gather_rows(t: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

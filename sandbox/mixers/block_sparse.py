@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from sandbox.mixers.base import MixerContext, register
+from sandbox.mixers.base import Linear, MixerContext, register
 from sandbox.mixers.swa import HeadAttention, attend, sink_window_mask
 
 
@@ -125,11 +125,11 @@ class NativeSparseAttention(HeadAttention):
     def __init__(self, ctx: MixerContext, cfg: NSAConfig):
         super().__init__(ctx, cfg)
         d, dh, l = ctx.d_model, self.head_dim, cfg.cmp_block
-        self.qkv = nn.Linear(d, 7 * d, bias=cfg.bias)          # q + (k, v) for 3 branches
-        self.gate = nn.Linear(d, 3 * self.n_heads, bias=True)
+        self.qkv = Linear(d, 7 * d, bias=cfg.bias)          # q + (k, v) for 3 branches
+        self.gate = Linear(d, 3 * self.n_heads, bias=True)
         self.cmp_pos = nn.Parameter(torch.zeros(2, l, dh))     # intra-block positions (k, v)
-        self.cmp_k = nn.Linear(l * dh, dh, bias=False)
-        self.cmp_v = nn.Linear(l * dh, dh, bias=False)
+        self.cmp_k = Linear(l * dh, dh, bias=False)
+        self.cmp_v = Linear(l * dh, dh, bias=False)
 
     def compress(self, k: torch.Tensor, v: torch.Tensor):
         """``[b, t, h, dh]`` -> compressed ``[b, nc, h, dh]`` keys and values (nc may be 0)."""

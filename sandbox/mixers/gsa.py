@@ -18,7 +18,7 @@ from torch import nn
 
 from sandbox.kernels import linear_recurrence, recurrent_reference
 from sandbox.kernels.slot_scores import slot_scores
-from sandbox.mixers.base import MixerContext, register
+from sandbox.mixers.base import Linear, MixerContext, register
 from sandbox.mixers.feature_maps import feature_map
 from sandbox.mixers.linear import FeatureMap, LinearConfig, LinearMixer, Norm, Transition
 
@@ -48,7 +48,7 @@ class GSAConfig(LinearConfig):
 class GSA(LinearMixer):
     def __init__(self, ctx: MixerContext, cfg: GSAConfig):
         super().__init__(ctx, cfg)
-        self.k1_proj = nn.Linear(ctx.d_model, self.H * self.QK, bias=False)
+        self.k1_proj = Linear(ctx.d_model, self.H * self.QK, bias=False)
 
     def qk_dim(self) -> int:
         return max(1, round(self.ctx.d_model * self.cfg.expand_k / self.ctx.n_heads))

@@ -26,7 +26,7 @@ from torch import nn
 from sandbox.kernels import IMPLS, linear_recurrence
 from sandbox.kernels.short_conv import short_conv
 from sandbox.kernels.split_linear import split_linear
-from sandbox.mixers.base import Mixer, MixerContext, gather_rows
+from sandbox.mixers.base import Linear, Mixer, MixerContext, gather_rows
 from sandbox.mixers.feature_maps import FEATURE_MAPS, balance_loss, chosen_indices, feature_map, softmax_topk
 
 TRANSITIONS = ("none", "constant", "scalar", "diagonal", "delta", "gated_delta")
@@ -109,9 +109,9 @@ class LinearMixer(Mixer):
         if cfg.topk is not None and not 1 <= cfg.topk <= self.K:
             raise ValueError(f"topk: must be in [1, {self.K}], the state rows per head; got {cfg.topk}")
         self.scale = cfg.scale if cfg.scale is not None else self.QK ** -0.5
-        self.q_proj = nn.Linear(d, H * self.QK, bias=False)
-        self.k_proj = None if cfg.key_from_gate else nn.Linear(d, H * self.K, bias=False)
-        self.v_proj = nn.Linear(d, H * self.V, bias=False)
+        self.q_proj = Linear(d, H * self.QK, bias=False)
+        self.k_proj = None if cfg.key_from_gate else Linear(d, H * self.K, bias=False)
+        self.v_proj = Linear(d, H * self.V, bias=False)
         self.conv = None
         if cfg.conv_size > 0:
             ch = H * self.QK + (0 if self.k_proj is None else H * self.K) + H * self.V
@@ -121,21 +121,21 @@ class LinearMixer(Mixer):
         if self.gate_width:
             w = self.gate_width
             if cfg.gate_rank:
-                self.gate_proj = nn.Sequential(nn.Linear(d, cfg.gate_rank, bias=False), nn.Linear(cfg.gate_rank, w))
+                self.gate_proj = nn.Sequential(Linear(d, cfg.gate_rank, bias=False), Linear(cfg.gate_rank, w))
             else:
-                self.gate_proj = nn.Linear(d, w, bias=cfg.gate_fn == "logsigmoid")
+                self.gate_proj = Linear(d, w, bias=cfg.gate_fn == "logsigmoid")
             if cfg.gate_fn == "softplus":
                 self.A_log = nn.Parameter(torch.empty(w).uniform_(1, 16).log())
                 dt = torch.empty(w).uniform_(math.log(1e-3), math.log(1e-1)).exp()
                 self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
         if cfg.transition == "constant":  # RetNet: gamma_h = 1 - 2^(-5-h)
             self.register_buffer("log_gamma", torch.log1p(-(2.0 ** (-5.0 - torch.arange(H, dtype=torch.float64)))).float())
-        self.beta_proj = nn.Linear(d, H) if cfg.transition in ("delta", "gated_delta") else None
+        self.beta_proj = Linear(d, H) if cfg.transition in ("delta", "gated_delta") else None
         if cfg.output_norm != "none":
             self.norm_weight = nn.Parameter(torch.ones(H, self.V))
             self.norm_bias = nn.Parameter(torch.zeros(H, self.V)) if cfg.output_norm == "layer" else None
-        self.g_proj = nn.Linear(d, H * self.V, bias=False) if cfg.output_gate else None
-        self.o_proj = nn.Linear(H * self.V, d, bias=False)
+        self.g_proj = Linear(d, H * self.V, bias=False) if cfg.output_gate else None
+        self.o_proj = Linear(H * self.V, d, bias=False)
         self._aux = None
 
     # -- configuration ---------------------------------------------------------------------

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from sandbox.mixers.base import MixerContext, register
+from sandbox.mixers.base import Linear, MixerContext, register
 from sandbox.mixers.feature_maps import feature_map
 from sandbox.mixers.sse import Kernel, PartitionedMixer, PartitionImpl, Transition, _positive
 from sandbox.mixers.sse_impl import route
@@ -54,8 +54,8 @@ class MoM(PartitionedMixer):
         super().__init__(ctx, cfg, cfg.n, cfg.k, cfg.shared_memory)
         d, H, K, V, N = ctx.d_model, self.H, self.K, self.V, cfg.n
         # memory 0 uses the core's k/v projections, memories 1..M-1 these, the shared memory its own
-        self.mem_kv = nn.Linear(d, (N - 1) * H * (K + V), bias=False) if N > 1 else None
-        self.shared_kv = nn.Linear(d, H * (K + V), bias=False) if cfg.shared_memory else None
+        self.mem_kv = Linear(d, (N - 1) * H * (K + V), bias=False) if N > 1 else None
+        self.shared_kv = Linear(d, H * (K + V), bias=False) if cfg.shared_memory else None
 
     def route(self, x):
         return route(self.router(x), self.k, self.k, False, True, 1.0)

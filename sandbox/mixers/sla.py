@@ -18,7 +18,7 @@ from typing import Literal
 
 from torch import nn
 
-from sandbox.mixers.base import Mixer, MixerContext, build_mixer, mixer_config_class, register
+from sandbox.mixers.base import Linear, Mixer, MixerContext, build_mixer, mixer_config_class, register
 from sandbox.mixers.sse import Kernel
 
 
@@ -39,8 +39,8 @@ class SLA(Mixer):
         super().__init__(ctx, cfg)
         base_cfg = dataclasses.replace(mixer_config_class(cfg.base)(), impl=cfg.impl, conv_size=cfg.conv_size)
         self.core = build_mixer(cfg.base, ctx, base_cfg)
-        self.gate_q = nn.Linear(ctx.d_model, ctx.n_heads, bias=False)
-        self.gate_k = nn.Linear(ctx.d_model, ctx.n_heads, bias=False)
+        self.gate_q = Linear(ctx.d_model, ctx.n_heads, bias=False)
+        self.gate_k = Linear(ctx.d_model, ctx.n_heads, bias=False)
 
     def forward(self, x):
         core = self.core

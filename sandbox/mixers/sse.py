@@ -36,7 +36,7 @@ from torch import nn
 
 from sandbox.kernels.short_conv import short_conv
 from sandbox.kernels.topk_mask import topk_mask
-from sandbox.mixers.base import Mixer, MixerContext, register
+from sandbox.mixers.base import Linear, Mixer, MixerContext, register
 from sandbox.mixers.feature_maps import balance_loss, feature_map, softmax_topk
 from sandbox.mixers.linear import LinearMixer
 from sandbox.mixers.linear_family import GatedDeltaNetConfig, GLAConfig
@@ -74,7 +74,7 @@ class PartitionedMixer(Mixer):
         self.q_feature, self.qk_norm = base.feature_map, base.qk_norm
         self.H, self.K, self.V = self.core.H, self.core.K, self.core.V
         self.n, self.k, self.shared = n, k, shared
-        self.router = nn.Linear(ctx.d_model, n, bias=False)
+        self.router = Linear(ctx.d_model, n, bias=False)
         self._aux = None
 
     def query_map(self, q):
@@ -200,7 +200,7 @@ class SSE(PartitionedMixer):
         d, H, K, V, N = ctx.d_model, self.H, self.K, self.V, cfg.n
         self.k_read = cfg.read_topk or cfg.k
         # partition 0 uses the core's q/k/v projections, partitions 1..N-1 these
-        self.part_qkv = None if cfg.shared_params or N == 1 else nn.Linear(d, (N - 1) * H * (2 * K + V), bias=False)
+        self.part_qkv = None if cfg.shared_params or N == 1 else Linear(d, (N - 1) * H * (2 * K + V), bias=False)
         self.part_conv = None   # their short conv (the core's convolves partition 0's)
         if self.part_qkv is not None and cfg.conv_size:
             self.part_conv = nn.Parameter(torch.randn(self.part_qkv.out_features, cfg.conv_size) / cfg.conv_size ** 0.5)
@@ -208,7 +208,7 @@ class SSE(PartitionedMixer):
         self.lora = None
         if cfg.shared_partition:
             r = self.lora_rank
-            self.lora = nn.ModuleDict({n: nn.Sequential(nn.Linear(d, r, bias=False), nn.Linear(r, H * K, bias=False))
+            self.lora = nn.ModuleDict({n: nn.Sequential(Linear(d, r, bias=False), Linear(r, H * K, bias=False))
                                        for n in ("q", "k")})
 
     def route(self, x):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sandbox.mixers.attention import causal_window_mask
-from sandbox.mixers.base import Mixer, MixerContext, register
+from sandbox.mixers.base import Linear, Mixer, MixerContext, register
 
 
 def rope(x: torch.Tensor, pos: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
@@ -74,8 +74,8 @@ class HeadAttention(Mixer):
         self.head_dim = ctx.d_model // ctx.n_heads
         if getattr(cfg, "rope", False) and self.head_dim % 2:
             raise ValueError(f"rope: needs an even head dim, got {self.head_dim}")
-        self.qkv = nn.Linear(ctx.d_model, 3 * ctx.d_model, bias=cfg.bias)
-        self.out = nn.Linear(ctx.d_model, ctx.d_model, bias=cfg.bias)
+        self.qkv = Linear(ctx.d_model, 3 * ctx.d_model, bias=cfg.bias)
+        self.out = Linear(ctx.d_model, ctx.d_model, bias=cfg.bias)
 
     def project(self, x: torch.Tensor):
         """``[b, t, d] -> q, k, v`` each ``[b, t, h, dh]`` (before RoPE)."""
