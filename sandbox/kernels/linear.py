@@ -5,7 +5,7 @@ A linear layer's weight gradient ``g^T x`` reduces over every token of the batch
 slice: batch 256 x 320 tokens) into an [out, in] matrix that is small at the sandbox's widths. For a stack of R
 replicas it is a batched product, which cuBLAS tiles over the output only: a small output is few tiles, each walking
 all the tokens on one SM. On the H200, a stack of 3 took about 0.12 ms per weight gradient from d_model 64 to 256,
-whatever its size, at 17-260 TFLOP/s (``benchmarks/stacked_matmul_speed.py``, results/throughput/stacked_matmul.txt).
+whatever its size, at 17-440 TFLOP/s (``benchmarks/stacked_matmul_speed.py``, results/throughput/stacked_matmul.txt).
 Cut into S = 8 runs, batched over them and summed in float32, the same gradients took 0.045-0.22 ms; from [512, 512]
 on it made no difference.
 
