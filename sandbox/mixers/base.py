@@ -95,8 +95,8 @@ def register(name: str, config_cls: type = NoConfig) -> Callable[[type[Mixer]], 
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` whose weight gradient is summed over runs of tokens (``sandbox.kernels.linear``): the layer
-    every mixer and the channel mixer project with."""
+    """``nn.Linear`` whose weight gradient, in a stack of replicas, is summed over runs of tokens
+    (``sandbox.kernels.linear``): the layer every mixer and the channel mixer project with."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import nn
-
 from sandbox.kernels import linear_recurrence, recurrent_reference
 from sandbox.kernels.slot_scores import slot_scores
 from sandbox.mixers.base import Linear, MixerContext, register

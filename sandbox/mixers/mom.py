@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from sandbox.mixers.base import Linear, MixerContext, register
 from sandbox.mixers.feature_maps import feature_map
