@@ -54,8 +54,6 @@ def _grad_op(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.T
     G, M, O = g.shape
     dx = torch.bmm(g, w)
     S = splits(M, O, x.shape[-1])
-    if S == 1:
-        return dx, torch.bmm(g.transpose(1, 2), x)
     gt = g.reshape(G * S, M // S, O).transpose(1, 2)
     xs = x.reshape(G * S, M // S, x.shape[-1])
     if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):

@@ -125,7 +125,7 @@ class NativeSparseAttention(HeadAttention):
     def __init__(self, ctx: MixerContext, cfg: NSAConfig):
         super().__init__(ctx, cfg)
         d, dh, l = ctx.d_model, self.head_dim, cfg.cmp_block
-        self.qkv = Linear(d, 7 * d, bias=cfg.bias)          # q + (k, v) for 3 branches
+        self.qkv = Linear(d, 7 * d, bias=cfg.bias)             # q + (k, v) for 3 branches
         self.gate = Linear(d, 3 * self.n_heads, bias=True)
         self.cmp_pos = nn.Parameter(torch.zeros(2, l, dh))     # intra-block positions (k, v)
         self.cmp_k = Linear(l * dh, dh, bias=False)

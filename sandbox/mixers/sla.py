@@ -16,7 +16,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-
 from sandbox.mixers.base import Linear, Mixer, MixerContext, build_mixer, mixer_config_class, register
 from sandbox.mixers.sse import Kernel
 
