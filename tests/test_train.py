@@ -173,3 +173,27 @@ def test_scored_positions_give_the_full_models_loss_and_gradients(mixer):
         assert (a is None) == (b is None), name
         if a is not None:
             assert torch.allclose(a, b, rtol=1e-9, atol=1e-14), name
+
+
+def test_steps_per_sec_is_the_training_rate_without_the_first_steps_set_up(tmp_path, monkeypatch):
+    """A first step that stands for a slow compilation (2 s) leaves the result's steps/s alone: it is the steps
+    after it over their own seconds, as a clock around each later step measures them, not steps over train time."""
+    import time
+
+    from sandbox.train.step import Step
+    call, times = Step.__call__, []
+
+    def timed(self, x, y):
+        t = time.perf_counter()
+        if self.calls == 0:
+            time.sleep(2.0)
+        call(self, x, y)
+        times.append(time.perf_counter() - t)
+
+    monkeypatch.setattr(Step, "__call__", timed)
+    res = train(load_config(data=TINY), tmp_path, progress=False)
+    assert res["steps"] == 40 and len(times) == 40
+    with_set_up = res["steps"] / res["train_time_s"]
+    clocked = 39 / sum(times[1:])                      # the later steps' own seconds (the loop adds its logging)
+    assert res["steps_per_sec"] > 5 * with_set_up
+    assert 0.3 * clocked < res["steps_per_sec"] <= 1.05 * clocked

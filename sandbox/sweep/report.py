@@ -299,9 +299,8 @@ def stack_rows(trials, since: float | None = None) -> list[dict]:
     """Where a sweep's time went: one row per stack a worker trained (trials that share its worker, replicas,
     set-up seconds and pace, as a stack's trials all record them), in the order they started: seconds from the
     first start (or ``since``) to its start and end, the grid values its trials share (of those the sweep varies),
-    its set-up, the step it ran compiled from, whether a helper had compiled it (precompile.py), and its steps over
-    its train time, which includes the first step's compilation ("steps/s with set-up": for a stack that compiled
-    cold, not its training rate; session 50 read it as one)."""
+    its set-up, the step it ran compiled from, whether a helper had compiled it (precompile.py), and its training
+    rate (its steps once ready over their seconds: set-up and evaluations left out)."""
     done = [t for t in trials if duration(t) is not None and "duplicate_of" not in t.user_attrs
             and t.user_attrs.get("result") and (since is None or t.datetime_start.timestamp() >= since)]
     if not done:
@@ -329,7 +328,7 @@ def stack_rows(trials, since: float | None = None) -> list[dict]:
         rows.append({"worker": worker, "start s": round(min(t.datetime_start.timestamp() for t in g) - t0, 1),
                      "end s": round(max(t.datetime_complete.timestamp() for t in g) - t0, 1), "trials": len(g),
                      "stack of": " ".join(shared), "set-up s": setup, "compiled from step": res.get("compiled_at"),
-                     "helper compiled": res.get("precompiled"), "steps/s with set-up": sps})
+                     "helper compiled": res.get("precompiled"), "steps/s": sps})
     return rows
 
 

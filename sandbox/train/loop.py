@@ -61,8 +61,10 @@ class _Run:
 
         self.cfg, self.out, self.task, self.model, self.t_start = cfg, out, task, model, t_start
         self.config = to_dict(cfg)
+        # train_time: the seconds between its logs, evaluations left out (its group's first step, which may
+        # compile, in it); trained_steps over trained_time: its steps once the group was ready, its training rate
         self.state = {"step": 0, "best_accuracy": 0.0, "best_step": 0, "accuracy": None, "train_time": 0.0,
-                      "history": []}
+                      "trained_steps": 0, "trained_time": 0.0, "history": []}
         self.status, self.error = "running", None
         self.ckpt = out / "checkpoint.pt"
         self.writer = SummaryWriter(log_dir=str(out))
@@ -101,7 +103,7 @@ class _Run:
                 "final_accuracy": s["accuracy"], "best_accuracy": s["best_accuracy"], "best_step": s["best_step"],
                 "steps": s["step"], "wall_time_s": round(time.perf_counter() - self.t_start, 3),
                 "train_time_s": round(s["train_time"], 3),
-                "steps_per_sec": round(s["step"] / s["train_time"], 2) if s["train_time"] else None,
+                "steps_per_sec": round(s["trained_steps"] / s["trained_time"], 2) if s.get("trained_time") else None,
                 "setup_s": round(self.setup_s, 3), "eval_s": round(self.eval_s, 3),
                 "first_eval_s": None if self.first_eval_s is None else round(self.first_eval_s, 3),
                 "replicas": replicas, "compiled_at": self.compiled_at, "precompiled": self.precompiled,
@@ -263,7 +265,7 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
     t_log = time.perf_counter()
     steps_at_log = s
     # the seconds the group spent starting (building, pool, compilation, capture), and when it got ready
-    setup_s, t_ready, ready = 0.0, 0.0, False
+    setup_s, t_ready, ready, s_ready = 0.0, 0.0, False, start
     try:
         with _progress(progress, title) as bar, HeldSignals() as held:
             bar_task = bar.add_task("train", total=tc.steps, completed=s, info="")
@@ -275,7 +277,7 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
                 if not ready and (step.graph is not None or step.capture_after is None):
                     if device.type == "cuda":
                         torch.cuda.synchronize()
-                    t_ready, ready = time.perf_counter(), True
+                    t_ready, ready, s_ready = time.perf_counter(), True, s
                     setup_s = t_ready - t_group
                     for run in runs:
                         run.setup_s = setup_s
@@ -298,6 +300,10 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
                     for r in list(active):
                         run = runs[r]
                         run.state["train_time"] += now - t_log
+                        if ready:                # the part of this interval after the group got ready
+                            run.state["trained_time"] = run.state.get("trained_time", 0.0) + now - max(t_log, t_ready)
+                            run.state["trained_steps"] = run.state.get("trained_steps", 0) + s - max(steps_at_log,
+                                                                                                   s_ready)
                         if not math.isfinite(losses[r]):
                             stop(r, "diverged", f"loss became {losses[r]} at step {s} (lr {run.cfg.train.lr:g})")
                             continue
