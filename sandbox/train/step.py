@@ -28,6 +28,7 @@ besides tensor shapes) runs that compilation at no cost (``compiled_before``).
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import gc
 import hashlib
 import json
@@ -39,6 +40,19 @@ import torch
 
 from sandbox.kernels.cross_entropy import IGNORE, cross_entropy
 from sandbox.train.adamw import StackedAdamW
+
+
+def _memory_format(name: str) -> torch.memory_format:
+    return getattr(torch, name)
+
+
+# Inductor's and AOTAutograd's on-disk caches key a compilation by a pickle of its graph and inputs, and pickle
+# names a torch.memory_format (it has no __module__) after the first module in sys.modules through which
+# "torch.contiguous_format" resolves: torch._utils where torch was imported first, optuna.samplers._gp.sampler (a
+# lazy ``torch``) where optuna was. Two processes that imported them in another order (a sweep worker or a test
+# process, and a helper of precompile.py) then key the same step apart, and neither finds the other's compilation.
+# Pickled by name, every process keys it alike.
+copyreg.pickle(torch.memory_format, lambda f: (_memory_format, (str(f).removeprefix("torch."),)))
 
 
 # The kinds of step this process compiled since Dynamo's cache was last dropped. A sweep worker trains one
