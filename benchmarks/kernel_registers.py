@@ -78,7 +78,7 @@ def capture(path: str) -> None:
     o, _ = slot_scores(rand(B, T, H, 64), rand(B, T, H, 64), rand(B, T, H, 64), gs, impl="triton")
     o.float().sum().backward()
     x, w = torch.randn(B, T, 256, generator=g_).bfloat16(), torch.randn(1, 256, 4, generator=g_)
-    short_conv_grad_triton(short_conv_triton(x, w), x, w)
+    short_conv_grad_triton(short_conv_triton(x, w, [64, 64, 128]), x, w)
     topk_mask_triton(torch.randn(B * T * H, 32, generator=g_).bfloat16(), 8)
     topk_mask_triton(torch.randn(B * T * H, 64, generator=g_), 16)
     ids = torch.where(torch.rand(B * T, generator=g_) < 0.8, 0, torch.randint(1, 512, (B * T,), generator=g_))

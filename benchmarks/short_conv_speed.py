@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 from pathlib import Path
 
@@ -56,27 +57,34 @@ def main():
     bench = lambda f: triton.testing.do_bench(f, warmup=25, rep=200)  # noqa: E731
     res = {"shape": [N, T, C], "taps": W, "groups": R, "ms": {}, "err": {}}
     ms, err = res["ms"], res["err"]
-    ms["forward"] = bench(lambda: sc.short_conv_triton(x, w))
-    ms["backward"] = bench(lambda: sc.short_conv_grad_triton(dy, x, w))
+    qkv = [C // 4, C // 4, C // 2]                          # the q, k, v pieces of a GLA
+    dys = [d.contiguous() for d in dy.split(qkv, -1)]
+    ms["forward"] = bench(lambda: sc.short_conv_triton(x, w, [C]))
+    ms["backward"] = bench(lambda: sc.short_conv_grad_triton([dy], x, w))
+    ms["forward_qkv_pieces"] = bench(lambda: sc.short_conv_triton(x, w, qkv))
+    ms["backward_qkv_pieces"] = bench(lambda: sc.short_conv_grad_triton(dys, x, w))
     ms["copy_two_bf16"] = bench(lambda: (x.clone(), dy.clone()))
     dx_ref, dw_ref = reference(x, w, dy, N // R)
-    dx, dw = sc.short_conv_grad_triton(dy, x, w)
+    dx, dw = sc.short_conv_grad_triton([dy], x, w)
     err["dx"], err["dw"] = rel(dx, dx_ref), rel(dw, dw_ref)
+    pdx, pdw = sc.short_conv_grad_triton(dys, x, w)
+    res["pieces_equal_whole"] = bool(torch.equal(pdx, dx) and torch.equal(pdw, dw))
     if a.ref:
         spec = importlib.util.spec_from_file_location(
             "ref_short_conv", Path(a.ref) / "sandbox/kernels/triton_short_conv.py")
         old = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(old)
-        ms["backward_ref"] = bench(lambda: old.short_conv_grad_triton(dy, x, w))
-        odx, odw = old.short_conv_grad_triton(dy, x, w)
+        pieces = "dys" in inspect.signature(old.short_conv_grad_triton).parameters   # the API since session 54
+        ms["backward_ref"] = bench(lambda: old.short_conv_grad_triton([dy] if pieces else dy, x, w))
+        odx, odw = old.short_conv_grad_triton([dy] if pieces else dy, x, w)
         err["dx_ref"], err["dw_ref"] = rel(odx, dx_ref), rel(odw, dw_ref)
         res["dx_equal_ref"] = bool(torch.equal(dx, odx))
         res["dw_vs_ref"] = rel(dw, odw.double())
     kept = (sc.BT_BWD, sc.BC_BWD, sc.WARPS_BWD)
     for t in a.tiles:
         sc.BT_BWD, sc.BC_BWD, sc.WARPS_BWD = (int(v) for v in t.split(","))
-        ms[f"backward_{t}"] = bench(lambda: sc.short_conv_grad_triton(dy, x, w))
-        tdx, tdw = sc.short_conv_grad_triton(dy, x, w)
+        ms[f"backward_{t}"] = bench(lambda: sc.short_conv_grad_triton([dy], x, w))
+        tdx, tdw = sc.short_conv_grad_triton([dy], x, w)
         err[f"dx_{t}"], err[f"dw_{t}"] = rel(tdx, dx_ref), rel(tdw, dw_ref)
     sc.BT_BWD, sc.BC_BWD, sc.WARPS_BWD = kept
     print(json.dumps(res, indent=1))

@@ -263,7 +263,7 @@ def test_short_conv_under_compile_equals_torchs_depthwise_conv1d(T, w):
     on the left-padded input (float64; traced by Dynamo, run by AOTAutograd)."""
     from sandbox.kernels.short_conv import short_conv
     torch._dynamo.reset()
-    compiled = torch.compile(short_conv, backend="aot_eager", fullgraph=True)
+    compiled = torch.compile(lambda x, w: short_conv(x, w)[0], backend="aot_eager", fullgraph=True)
     g = torch.Generator().manual_seed(T * 10 + w)
     x = torch.randn(2, T, 6, dtype=torch.float64, generator=g, requires_grad=True)
     wt = torch.randn(6, w, dtype=torch.float64, generator=g, requires_grad=True)

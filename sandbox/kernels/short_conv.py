@@ -42,28 +42,28 @@ def _pre_activation(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op("sandbox::short_conv", mutates_args=())
-def _op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def _op(x: torch.Tensor, w: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     if _triton(x, w):
         from sandbox.kernels.triton_short_conv import short_conv_triton   # Triton only where it runs
-        return short_conv_triton(x, w)
-    return F.silu(_pre_activation(x, w)).to(x.dtype)
+        return short_conv_triton(x, w, sizes)
+    return [y.contiguous() for y in F.silu(_pre_activation(x, w)).to(x.dtype).split(sizes, -1)]
 
 
 @_op.register_fake
-def _op_fake(x, w):
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+def _op_fake(x, w, sizes):
+    return [x.new_empty(*x.shape[:-1], n) for n in sizes]
 
 
 @torch.library.custom_op("sandbox::short_conv_grad", mutates_args=())
-def _grad_op(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _grad_op(dys: list[torch.Tensor], x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if _triton(x, w):
         from sandbox.kernels.triton_short_conv import short_conv_grad_triton
-        return short_conv_grad_triton(dy, x, w)
+        return short_conv_grad_triton(dys, x, w)
     N, T, C = x.shape
     G, _, W = w.shape
     a = _pre_activation(x, w)
     s = torch.sigmoid(a)
-    da = dy.to(a.dtype) * s * (1 + a * (1 - s))
+    da = torch.cat(dys, -1).to(a.dtype) * s * (1 + a * (1 - s))
     dap = F.pad(da, (0, 0, 0, W - 1))
     wn = w.to(a.dtype).repeat_interleave(N // G, 0)[:, None]
     dx = sum(dap[:, W - 1 - j:W - 1 - j + T] * wn[..., j] for j in range(W))
@@ -73,39 +73,47 @@ def _grad_op(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.
 
 
 @_grad_op.register_fake
-def _grad_op_fake(dy, x, w):
+def _grad_op_fake(dys, x, w):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(w.shape, dtype=_work(x), device=w.device)
 
 
 def _setup(ctx, inputs, output):
-    x, w = inputs
+    x, w, sizes = inputs
     ctx.save_for_backward(x, w)
+    ctx.sizes = sizes
 
 
-def _backward(ctx, dy):
+def _backward(ctx, dys):
     x, w = ctx.saved_tensors
-    dx, dw = torch.ops.sandbox.short_conv_grad(dy, x, w)
-    return dx, dw.to(w.dtype)
+    dys = [d if d is not None else x.new_zeros(*x.shape[:-1], n) for d, n in zip(dys, ctx.sizes)]  # an unused piece
+    dx, dw = torch.ops.sandbox.short_conv_grad(dys, x, w)
+    return dx, dw.to(w.dtype), None
 
 
 _op.register_autograd(_backward, setup_context=_setup)
 
 
 @_op.register_vmap
-def _op_vmap(info, in_dims, x, w):
+def _op_vmap(info, in_dims, x, w, sizes):
     """Stacked replicas: inputs [R, N, T, C] and weights [R, G, C, W] become one batch of R * N sequences
     with R * G weight groups (replica r's sequences keep to its own weights)."""
     R = info.batch_size
-    xd, wd = in_dims
+    xd, wd, _ = in_dims
     x = x.movedim(xd, 0) if xd is not None else x.expand(R, *x.shape)
     w = w.movedim(wd, 0) if wd is not None else w.expand(R, *w.shape)
     N = x.shape[1]
-    y = torch.ops.sandbox.short_conv(x.reshape(R * N, *x.shape[2:]), w.reshape(R * w.shape[1], *w.shape[2:]))
-    return y.view(R, N, *y.shape[1:]), 0
+    ys = torch.ops.sandbox.short_conv(x.reshape(R * N, *x.shape[2:]), w.reshape(R * w.shape[1], *w.shape[2:]), sizes)
+    return [y.view(R, N, *y.shape[1:]) for y in ys], [0] * len(ys)
 
 
-def short_conv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """silu of the causal depthwise convolution of x [..., T, C] with w [C, W]; x's shape and dtype."""
+def short_conv(x: torch.Tensor, w: torch.Tensor, sizes: list[int] | None = None) -> tuple[torch.Tensor, ...]:
+    """silu of the causal depthwise convolution of x [..., T, C] with w [C, W], in x's dtype, as pieces of
+    columns of the given widths (one to three; default: the whole): ``y.split(sizes, -1)``, but each piece a
+    tensor of its own, written in place by the kernel, and their gradients read where they lie. So the backward
+    concatenates nothing (autograd's backward of a split is a concatenation: a copy of the whole gradient)."""
     lead, (T, C) = x.shape[:-2], x.shape[-2:]
-    y = torch.ops.sandbox.short_conv(x.reshape(-1, T, C), w[None])
-    return y.view(*lead, T, C)
+    sizes = [C] if sizes is None else list(sizes)
+    if sum(sizes) != C:
+        raise ValueError(f"short_conv: sizes {sizes} add up to {sum(sizes)}, x has {C} columns")
+    ys = torch.ops.sandbox.short_conv(x.reshape(-1, T, C), w[None], sizes)
+    return tuple(y.view(*lead, T, y.shape[-1]) for y in ys)

@@ -18,6 +18,9 @@ that a tile is rewritten only after every thread has passed the barrier followin
 next tile's own rows of x and dy are loaded while this one computes; the shifted rows of x then come
 from cache. It holds one tile per tap, for 4 taps: shorter filters get leading zero taps.
 
+The output, and so its gradient, comes as up to three dense pieces of columns (a linear mixer's q, k and v,
+``short_conv.py`` says why): each program finds, per column, its piece's base and row stride (``_columns``).
+
 Before, da went to memory in x's dtype and a second kernel formed dx from it: on the H200 at a stack
 of 9 Figure 8 runs, 0.79 ms per call against 0.57 now (benchmarks/short_conv_speed.py). dx is as precise
 as before (da is rounded to x's dtype on its way through the ring, as it was in memory; the bits differ
@@ -35,14 +38,27 @@ import triton.language as tl
 BT, BC = 16, 128                       # forward: a tile each
 BT_BWD, BC_BWD, WARPS_BWD = 8, 64, 4   # backward: a channel block each, walking the sequence
 TAPS = 4                               # the backward holds one tile per tap; shorter filters get leading zero taps
+PIECES = 3                             # the output (and its gradient) as up to three pieces of columns (q, k, v)
 
 
 @triton.jit
-def _forward(x, w, y, T, C, per, sxn, sxt, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+def _columns(p0, p1, p2, e1, e2, n, T, C, c):
+    """Where column c of sequence n starts, and its row stride, in the pieces [N, T, width] (each dense) that
+    hold columns [0, e1), [e1, e2) and [e2, C)."""
+    in1, in2 = c >= e1, c >= e2
+    start = tl.where(in2, e2, tl.where(in1, e1, 0))
+    width = tl.where(in2, C - e2, tl.where(in1, e2 - e1, e1))
+    base = tl.where(in2, p2, tl.where(in1, p1, p0))
+    return base + n.to(tl.int64) * T * width + (c - start), width
+
+
+@triton.jit
+def _forward(x, w, y0, y1, y2, e1, e2, T, C, per, sxn, sxt, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
     n = tl.program_id(0)
     t = tl.program_id(1) * BT + tl.arange(0, BT)
     c = tl.program_id(2) * BC + tl.arange(0, BC)
     mc = c < C
+    ycol, ywidth = _columns(y0, y1, y2, e1, e2, n, T, C, c)
     wrow = w + (n // per).to(tl.int64) * C * W + c * W
     xrow = x + n.to(tl.int64) * sxn
     acc = tl.zeros([BT, BC], dtype=tl.float32)
@@ -53,7 +69,7 @@ def _forward(x, w, y, T, C, per, sxn, sxt, W: tl.constexpr, BT: tl.constexpr, BC
         acc += xv * tl.load(wrow + j, mask=mc, other=0.0).to(tl.float32)[None, :]
     out = acc * tl.sigmoid(acc)
     mo = (t < T)[:, None] & mc[None, :]
-    tl.store(y + n.to(tl.int64) * T * C + t[:, None] * C + c[None, :], out.to(y.dtype.element_ty), mask=mo)
+    tl.store(ycol[None, :] + t[:, None] * ywidth[None, :], out.to(y0.dtype.element_ty), mask=mo)
 
 
 @triton.jit
@@ -64,7 +80,7 @@ def _ring_rows(own, last, cur, r, cc, m: tl.constexpr, BT: tl.constexpr, BC: tl.
 
 
 @triton.jit
-def _backward(dy, x, w, dx, dwp, ring, T, C, per, sxn, sxt, sdn, sdt, BT: tl.constexpr, BC: tl.constexpr):
+def _backward(dy0, dy1, dy2, e1, e2, x, w, dx, dwp, ring, T, C, per, sxn, sxt, BT: tl.constexpr, BC: tl.constexpr):
     tl.static_assert(BT >= 4)                # the last tap's rows reach 3 into the next tile, no further
     n = tl.program_id(0)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
@@ -75,7 +91,7 @@ def _backward(dy, x, w, dx, dwp, ring, T, C, per, sxn, sxt, sdn, sdt, BT: tl.con
     w2 = tl.load(wrow + 2, mask=mc, other=0.0).to(tl.float32)[None, :]
     w3 = tl.load(wrow + 3, mask=mc, other=0.0).to(tl.float32)[None, :]
     xrow = x + n.to(tl.int64) * sxn
-    dyrow = dy + n.to(tl.int64) * sdn
+    dycol, dywidth = _columns(dy0, dy1, dy2, e1, e2, n, T, C, c)
     dxrow = dx + n.to(tl.int64) * T * C
     own = ring + (n.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * (3 * BT * BC)
     acc0 = tl.zeros([BT, BC], dtype=tl.float32)
@@ -88,7 +104,7 @@ def _backward(dy, x, w, dx, dwp, ring, T, C, per, sxn, sxt, sdn, sdt, BT: tl.con
     t = tl.arange(0, BT)
     mt = (t < T)[:, None] & mc[None, :]
     x3n = tl.load(xrow + t[:, None] * sxt + c[None, :], mask=mt, other=0.0)
-    gn = tl.load(dyrow + t[:, None] * sdt + c[None, :], mask=mt, other=0.0)
+    gn = tl.load(dycol[None, :] + t[:, None] * dywidth[None, :], mask=mt, other=0.0)
     for k in range(nt + 1):               # tile k's da, then tile k - 1's dx (it needs da 3 rows into tile k)
         t = k * BT + tl.arange(0, BT)
         mt = (t < T)[:, None] & mc[None, :]
@@ -97,7 +113,7 @@ def _backward(dy, x, w, dx, dwp, ring, T, C, per, sxn, sxt, sdn, sdt, BT: tl.con
         tn = t + BT                        # the next tile's own rows, loaded while this one computes
         mn = (tn < T)[:, None] & mc[None, :]
         x3n = tl.load(xrow + tn[:, None] * sxt + c[None, :], mask=mn, other=0.0)
-        gn = tl.load(dyrow + tn[:, None] * sdt + c[None, :], mask=mn, other=0.0)
+        gn = tl.load(dycol[None, :] + tn[:, None] * dywidth[None, :], mask=mn, other=0.0)
         x0 = tl.load(xrow + (t - 3)[:, None] * sxt + c[None, :], mask=(t >= 3)[:, None] & mt, other=0.0).to(tl.float32)
         x1 = tl.load(xrow + (t - 2)[:, None] * sxt + c[None, :], mask=(t >= 2)[:, None] & mt, other=0.0).to(tl.float32)
         x2 = tl.load(xrow + (t - 1)[:, None] * sxt + c[None, :], mask=(t >= 1)[:, None] & mt, other=0.0).to(tl.float32)
@@ -131,30 +147,44 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def short_conv_triton(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [N, T, C], w [G, C, W] (G divides N): y [N, T, C] in x's dtype."""
+def _bounds(widths: list[int]) -> tuple[int, int]:
+    """The first columns of the second and third pieces (C where there is none)."""
+    if not 1 <= len(widths) <= PIECES:
+        raise ValueError(f"short conv: 1 to {PIECES} pieces of columns, got {len(widths)}")
+    ends = [sum(widths[:i + 1]) for i in range(len(widths))] + [sum(widths)] * (PIECES - len(widths))
+    return ends[0], ends[1]
+
+
+def short_conv_triton(x: torch.Tensor, w: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    """x [N, T, C], w [G, C, W] (G divides N): the output [N, T, C] in x's dtype, as pieces [N, T, size] (each
+    dense) of the given widths, one to three, which add up to C."""
     N, T, C = x.shape
     G, _, W = w.shape
     x, w = _rows(x), w.contiguous()
-    y = torch.empty(N, T, C, dtype=x.dtype, device=x.device)
+    ys = [torch.empty(N, T, n, dtype=x.dtype, device=x.device) for n in sizes]
+    e1, e2 = _bounds(sizes)
+    p = ys + ys[-1:] * (PIECES - len(ys))
     grid = (N, triton.cdiv(T, BT), triton.cdiv(C, BC))
-    _forward[grid](x, w, y, T, C, N // G, x.stride(0), x.stride(1), W=W, BT=BT, BC=BC, num_warps=4)
-    return y
+    _forward[grid](x, w, *p, e1, e2, T, C, N // G, x.stride(0), x.stride(1), W=W, BT=BT, BC=BC, num_warps=4)
+    return ys
 
 
-def short_conv_grad_triton(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradients of ``short_conv_triton`` for its output gradient dy: (dx [N, T, C] in x's dtype, dw [G, C, W] float32)."""
+def short_conv_grad_triton(dys: list[torch.Tensor], x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients of ``short_conv_triton`` for its output's pieces' gradients dys (as its pieces): (dx [N, T, C] in
+    x's dtype, dw [G, C, W] float32)."""
     N, T, C = x.shape
     G, _, W = w.shape
     if W > TAPS:      # short_conv.py sends longer filters to its torch form
         raise ValueError(f"short_conv_grad_triton: filters of at most {TAPS} taps, got {W}")
-    x, dy, w = _rows(x), _rows(dy), w.contiguous()
+    x, w = _rows(x), w.contiguous()
+    dys = [d.contiguous() for d in dys]
+    e1, e2 = _bounds([d.shape[-1] for d in dys])
     w4 = F.pad(w, (TAPS - W, 0))                       # tap j of W is tap j + TAPS - W of TAPS
     dx = torch.empty(N, T, C, dtype=x.dtype, device=x.device)
     dwp = torch.empty(N, C, TAPS, dtype=torch.float32, device=x.device)
     grid = (N, triton.cdiv(C, BC_BWD))
     ring = torch.empty(N * grid[1] * 3 * BT_BWD * BC_BWD, dtype=x.dtype, device=x.device)
     # num_stages=1: no software pipelining, which could move the ring's loads above the barrier
-    _backward[grid](dy, x, w4, dx, dwp, ring, T, C, N // G, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
-                    BT=BT_BWD, BC=BC_BWD, num_warps=WARPS_BWD, num_stages=1)
+    _backward[grid](*dys, *dys[-1:] * (PIECES - len(dys)), e1, e2, x, w4, dx, dwp, ring, T, C, N // G,
+                    x.stride(0), x.stride(1), BT=BT_BWD, BC=BC_BWD, num_warps=WARPS_BWD, num_stages=1)
     return dx, dwp.view(G, N // G, C, TAPS).sum(1)[..., TAPS - W:]

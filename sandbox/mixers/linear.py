@@ -209,7 +209,7 @@ class LinearMixer(Mixer):
         H, K = self.H, self.K
         proj = self.project(x)
         if self.conv is not None:
-            parts = list(short_conv(proj["qkv"], self.conv).split(self.qkv_sizes(), -1))
+            parts = list(short_conv(proj["qkv"], self.conv, self.qkv_sizes()))
         else:
             parts = [proj[n] for n in ("q", "k", "v") if n in proj]
         q = parts[0].view(B, T, H, self.QK)

@@ -246,7 +246,7 @@ class SSE(PartitionedMixer):
         if self.part_qkv is not None:
             extra = self.part_qkv(x)
             if self.part_conv is not None:
-                extra = short_conv(extra, self.part_conv)
+                extra, = short_conv(extra, self.part_conv)
             eq, ek, ev = extra.view(B, T, N - 1, H, 2 * K + V).split([K, K, V], -1)
             qs, ks, vs = torch.cat([qs, eq], 2), torch.cat([ks, ek], 2), torch.cat([vs, ev], 2)
         keys, mask = self.key_map(ks)
