@@ -113,7 +113,7 @@ def short_conv(x: torch.Tensor, w: torch.Tensor, sizes: list[int] | None = None)
     concatenates nothing (autograd's backward of a split is a concatenation: a copy of the whole gradient)."""
     lead, (T, C) = x.shape[:-2], x.shape[-2:]
     sizes = [C] if sizes is None else list(sizes)
-    if sum(sizes) != C:
-        raise ValueError(f"short_conv: sizes {sizes} add up to {sum(sizes)}, x has {C} columns")
+    if sum(sizes) != C or not 1 <= len(sizes) <= 3:
+        raise ValueError(f"short_conv: sizes {sizes}: one to three widths that add up to x's {C} columns")
     ys = torch.ops.sandbox.short_conv(x.reshape(-1, T, C), w[None], sizes)
     return tuple(y.view(*lead, T, y.shape[-1]) for y in ys)
