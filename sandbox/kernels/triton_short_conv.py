@@ -20,6 +20,9 @@ from cache. It holds one tile per tap, for 4 taps: shorter filters get leading z
 
 The output, and so its gradient, comes as up to three dense pieces of columns (a linear mixer's q, k and v,
 ``short_conv.py`` says why): each program finds, per column, its piece's base and row stride (``_columns``).
+x may be wider than the convolution (a whole projection, whose last columns feed the gate): those columns
+pass through as one more piece, and their gradient is written beside dx's, so that dx is the projection's
+whole output gradient.
 
 Before, da went to memory in x's dtype and a second kernel formed dx from it: on the H200 at a stack
 of 9 Figure 8 runs, 0.79 ms per call against 0.57 now (benchmarks/short_conv_speed.py). dx is as precise
@@ -80,7 +83,8 @@ def _ring_rows(own, last, cur, r, cc, m: tl.constexpr, BT: tl.constexpr, BC: tl.
 
 
 @triton.jit
-def _backward(dy0, dy1, dy2, e1, e2, x, w, dx, dwp, ring, T, C, per, sxn, sxt, BT: tl.constexpr, BC: tl.constexpr):
+def _backward(dy0, dy1, dy2, e1, e2, x, w, dx, dwp, ring, T, C, per, sxn, sxt, sdn, sdt,
+              BT: tl.constexpr, BC: tl.constexpr):
     tl.static_assert(BT >= 4)                # the last tap's rows reach 3 into the next tile, no further
     n = tl.program_id(0)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
@@ -92,7 +96,7 @@ def _backward(dy0, dy1, dy2, e1, e2, x, w, dx, dwp, ring, T, C, per, sxn, sxt, B
     w3 = tl.load(wrow + 3, mask=mc, other=0.0).to(tl.float32)[None, :]
     xrow = x + n.to(tl.int64) * sxn
     dycol, dywidth = _columns(dy0, dy1, dy2, e1, e2, n, T, C, c)
-    dxrow = dx + n.to(tl.int64) * T * C
+    dxrow = dx + n.to(tl.int64) * sdn
     own = ring + (n.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * (3 * BT * BC)
     acc0 = tl.zeros([BT, BC], dtype=tl.float32)
     acc1 = tl.zeros([BT, BC], dtype=tl.float32)
@@ -134,7 +138,7 @@ def _backward(dy0, dy1, dy2, e1, e2, x, w, dx, dwp, ring, T, C, per, sxn, sxt, B
         out += _ring_rows(own, last, cur, r, cc, 1, BT, BC, ms) * w2
         out += _ring_rows(own, last, cur, r, cc, 2, BT, BC, ms) * w1
         out += _ring_rows(own, last, cur, r, cc, 3, BT, BC, ms) * w0
-        tl.store(dxrow + s[:, None] * C + c[None, :], out.to(dx.dtype.element_ty), mask=ms)
+        tl.store(dxrow + s[:, None] * sdt + c[None, :], out.to(dx.dtype.element_ty), mask=ms)
     o = dwp + n.to(tl.int64) * C * 4 + c * 4
     tl.store(o + 0, tl.sum(acc0, axis=0), mask=mc)
     tl.store(o + 1, tl.sum(acc1, axis=0), mask=mc)
@@ -156,35 +160,42 @@ def _bounds(widths: list[int]) -> tuple[int, int]:
 
 
 def short_conv_triton(x: torch.Tensor, w: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
-    """x [N, T, C], w [G, C, W] (G divides N): the output [N, T, C] in x's dtype, as pieces [N, T, size] (each
-    dense) of the given widths, one to three, which add up to C."""
-    N, T, C = x.shape
-    G, _, W = w.shape
+    """x [N, T, C'], w [G, C, W] (G divides N, C <= C'): the convolution of x's first C columns in x's dtype, as
+    pieces [N, T, size] (each dense) of the given widths, one to three, which add up to C; where C' > C, then
+    x's other columns, as they are, as one more piece."""
+    N, T, Cx = x.shape
+    G, C, W = w.shape
     x, w = _rows(x), w.contiguous()
     ys = [torch.empty(N, T, n, dtype=x.dtype, device=x.device) for n in sizes]
     e1, e2 = _bounds(sizes)
     p = ys + ys[-1:] * (PIECES - len(ys))
     grid = (N, triton.cdiv(T, BT), triton.cdiv(C, BC))
     _forward[grid](x, w, *p, e1, e2, T, C, N // G, x.stride(0), x.stride(1), W=W, BT=BT, BC=BC, num_warps=4)
+    if Cx > C:
+        ys.append(torch.empty(N, T, Cx - C, dtype=x.dtype, device=x.device).copy_(x[..., C:]))
     return ys
 
 
 def short_conv_grad_triton(dys: list[torch.Tensor], x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradients of ``short_conv_triton`` for its output's pieces' gradients dys (as its pieces): (dx [N, T, C] in
-    x's dtype, dw [G, C, W] float32)."""
-    N, T, C = x.shape
-    G, _, W = w.shape
+    """Gradients of ``short_conv_triton`` for its outputs' gradients dys (as its pieces, and the gradient of x's
+    other columns last where x is wider than w): (dx [N, T, C'] in x's dtype, dw [G, C, W] float32)."""
+    N, T, Cx = x.shape
+    G, C, W = w.shape
     if W > TAPS:      # short_conv.py sends longer filters to its torch form
         raise ValueError(f"short_conv_grad_triton: filters of at most {TAPS} taps, got {W}")
     x, w = _rows(x), w.contiguous()
     dys = [d.contiguous() for d in dys]
+    rest = dys.pop() if Cx > C else None
     e1, e2 = _bounds([d.shape[-1] for d in dys])
     w4 = F.pad(w, (TAPS - W, 0))                       # tap j of W is tap j + TAPS - W of TAPS
-    dx = torch.empty(N, T, C, dtype=x.dtype, device=x.device)
+    dx = torch.empty(N, T, Cx, dtype=x.dtype, device=x.device)
     dwp = torch.empty(N, C, TAPS, dtype=torch.float32, device=x.device)
     grid = (N, triton.cdiv(C, BC_BWD))
     ring = torch.empty(N * grid[1] * 3 * BT_BWD * BC_BWD, dtype=x.dtype, device=x.device)
     # num_stages=1: no software pipelining, which could move the ring's loads above the barrier
     _backward[grid](*dys, *dys[-1:] * (PIECES - len(dys)), e1, e2, x, w4, dx, dwp, ring, T, C, N // G,
-                    x.stride(0), x.stride(1), BT=BT_BWD, BC=BC_BWD, num_warps=WARPS_BWD, num_stages=1)
+                    x.stride(0), x.stride(1), dx.stride(0), dx.stride(1), BT=BT_BWD, BC=BC_BWD,
+                    num_warps=WARPS_BWD, num_stages=1)
+    if rest is not None:
+        dx[..., C:] = rest
     return dx, dwp.view(G, N // G, C, TAPS).sum(1)[..., TAPS - W:]
