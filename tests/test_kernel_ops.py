@@ -231,30 +231,28 @@ def _conv_loop(x, w, per):
     return F.silu(y)
 
 
-@pytest.mark.parametrize("T, W, G, sizes, rest", [(5, 4, 1, [80], 0), (70, 4, 2, [20, 20, 40], 0),
-                                                  (66, 2, 1, [16, 64], 7), (9, 1, 2, [80], 0), (3, 4, 2, [3, 61, 16], 7)])
-def test_short_conv_kernels_equal_a_float64_loop(T, W, G, sizes, rest):
+@pytest.mark.parametrize("T, W, G, sizes", [(5, 4, 1, [80]), (70, 4, 2, [20, 20, 40]), (66, 2, 1, [16, 64]),
+                                            (9, 1, 2, [80]), (3, 4, 2, [3, 61, 16])])
+def test_short_conv_kernels_equal_a_float64_loop(T, W, G, sizes):
     """Values and both gradients of the Triton kernels against autograd through a float64 loop: T 70 and 66
     cross several tiles (the backward's input gradient reads the next tile's first W - 1 positions of da
     from its ring), T 3 and 5 end inside the first tile, C 80 leaves a part
-    column tile, the input is a column slice of a wider tensor (a projection's leading columns) or, with rest,
-    the whole wider tensor, whose other columns pass through as a last piece (their gradient written beside
-    dx's), G = 2 weight groups (stacked replicas) each serve their own sequences, and the output and its
-    gradient come as one to three pieces of columns (q, k, v), some inside one tile of columns, some across two."""
+    column tile, the input is a column slice of a wider tensor (a projection's leading columns), G = 2
+    weight groups (stacked replicas) each serve their own sequences, and the output and its gradient come as
+    one to three pieces of columns (q, k, v), some inside one tile of columns, some across two."""
     from sandbox.kernels.triton_short_conv import short_conv_grad_triton, short_conv_triton
     N, C = 4, 80
     g_ = torch.Generator().manual_seed(T * 10 + W)
     wide = torch.randn(N, T, C + 7, generator=g_)
-    x = wide[..., :C + rest]
+    x = wide[..., :C]
     w = torch.randn(G, C, W, generator=g_) / W ** 0.5
-    dy = torch.randn(N, T, C + rest, generator=g_)
+    dy = torch.randn(N, T, C, generator=g_)
     xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
-    ref = torch.cat([_conv_loop(xd[..., :C], wd, N // G), xd[..., C:]], -1)
+    ref = _conv_loop(xd, wd, N // G)
     dx_ref, dw_ref = torch.autograd.grad(ref, (xd, wd), dy.double())
     ys = short_conv_triton(x, w, sizes)
-    dx, dw = short_conv_grad_triton([d.contiguous() for d in dy.split(sizes + [rest] * (rest > 0), -1)], x, w)
-    assert [tuple(y.shape) for y in ys] == [(N, T, n) for n in sizes + [rest] * (rest > 0)]
-    assert all(y.is_contiguous() for y in ys)
+    dx, dw = short_conv_grad_triton([d.contiguous() for d in dy.split(sizes, -1)], x, w)
+    assert [tuple(y.shape) for y in ys] == [(N, T, n) for n in sizes] and all(y.is_contiguous() for y in ys)
     y = torch.cat(ys, -1)
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(dx.double(), dx_ref, rtol=1e-5, atol=1e-5)
@@ -264,41 +262,38 @@ def test_short_conv_kernels_equal_a_float64_loop(T, W, G, sizes, rest):
 
 def test_short_conv_op_passes_opcheck():
     import sandbox.kernels.short_conv  # noqa: F401  (registers the ops)
+    x = torch.randn(3, 7, 10, dtype=torch.float64, requires_grad=True)
     w = torch.randn(1, 10, 4, dtype=torch.float64, requires_grad=True)
-    for width in (10, 13):                 # 13: three columns pass through
-        x = torch.randn(3, 7, width, dtype=torch.float64, requires_grad=True)
-        for sizes in ([10], [3, 7], [2, 3, 5]):
-            torch.library.opcheck(torch.ops.sandbox.short_conv.default, (x, w, sizes),
-                                  test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
-            torch.autograd.gradcheck(lambda a, b: torch.ops.sandbox.short_conv(a, b, sizes), (x, w))
+    for sizes in ([10], [3, 7], [2, 3, 5]):
+        torch.library.opcheck(torch.ops.sandbox.short_conv.default, (x, w, sizes),
+                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+        torch.autograd.gradcheck(lambda a, b: torch.ops.sandbox.short_conv(a, b, sizes), (x, w))
 
 
 def test_vmap_of_the_short_conv_equals_one_call_each_also_compiled():
-    """Stacked replicas (inputs [R, B, T, C + 2], weights [R, C, W]) fold into one call with R weight groups: values
+    """Stacked replicas (inputs [R, B, T, C], weights [R, C, W]) fold into one call with R weight groups: values
     and every replica's gradients equal R separate calls and a float64 loop, eagerly and under torch.compile,
-    with the output as three pieces of columns (q, k, v) of which one (k) is left unused, and the input's last
-    two columns passed through as a fourth."""
+    with the output as three pieces of columns (q, k, v) of which one (k) is left unused."""
     from sandbox.kernels.short_conv import short_conv
     R, B, T, C, W = 3, 2, 9, 6, 4
     g_ = torch.Generator().manual_seed(5)
-    x = torch.randn(R, B, T, C + 2, dtype=torch.float64, generator=g_, requires_grad=True)
+    x = torch.randn(R, B, T, C, dtype=torch.float64, generator=g_, requires_grad=True)
     w = torch.randn(R, C, W, dtype=torch.float64, generator=g_, requires_grad=True)
-    dy = torch.randn(R, B, T, C + 2, dtype=torch.float64, generator=g_)
+    dy = torch.randn(R, B, T, C, dtype=torch.float64, generator=g_)
     dy[..., 2] = 0.0                                  # what the unused piece's gradient amounts to
-    ref = torch.stack([torch.cat([_conv_loop(x[r, ..., :C].detach(), w[r, None].detach(), B), x[r, ..., C:].detach()], -1)
-                       for r in range(R)])
+    ref = torch.stack([_conv_loop(x[r].detach(), w[r, None].detach(), B) for r in range(R)])
     xs, ws = x.detach().requires_grad_(), w.detach().requires_grad_()
     torch.stack([torch.cat(short_conv(xs[r], ws[r]), -1) for r in range(R)]).backward(dy)
 
     def pieces(x, w):
-        q, k, v, rest = short_conv(x, w, [2, 1, 3])
-        return q, k, v, rest
+        q, k, v = short_conv(x, w, [2, 1, 3])
+        return q, k, v
 
     for f in (torch.func.vmap(pieces), torch.compile(torch.func.vmap(pieces), backend="aot_eager")):
         x.grad = w.grad = None
-        q, k, v, rest = f(x, w)
-        torch.autograd.backward([q, v, rest], [dy[..., :2], dy[..., 3:C], dy[..., C:]])
-        torch.testing.assert_close(torch.cat([q, k, v, rest], -1), ref, rtol=1e-12, atol=1e-12)
+        q, k, v = f(x, w)
+        torch.autograd.backward([q, v], [dy[..., :2], dy[..., 3:]])
+        torch.testing.assert_close(torch.cat([q, k, v], -1), ref, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(x.grad, xs.grad, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(w.grad, ws.grad, rtol=1e-12, atol=1e-12)
 

@@ -292,9 +292,8 @@ def test_bad_config_is_a_clear_error(field, value, match):
 @pytest.mark.parametrize("name", LINEAR)
 def test_one_product_for_the_input_projections_equals_one_per_module(name, overrides, monkeypatch):
     """``project`` multiplies x by the stacked bias-free weights once (and its backward concatenates the pieces'
-    gradients with ``sandbox::cat_columns``, or with a convolution, has the convolution's op pass the gate's
-    columns through); calling each projection module on x, and conv1d on q, k and v, must give the same output
-    and gradients, in float64."""
+    gradients with ``sandbox::cat_columns``); calling each projection module on x (what it replaced) must give
+    the same output and gradients, in float64."""
     overrides = dict(overrides)
     if overrides.get("conv_size") and "conv_size" not in {f.name for f in dataclasses.fields(mixer_config_class(name))}:
         overrides.pop("conv_size")
@@ -306,13 +305,8 @@ def test_one_product_for_the_input_projections_equals_one_per_module(name, overr
             "gate": gate if gate is not None and gate.bias is None else None, "og": split.g_proj}
     def per_module(x):
         out = {n: m(x) for n, m in mods.items() if m is not None}
-        if split.conv is not None:          # the convolution of q, k, v side by side, as a plain depthwise conv1d
-            names = [n for n in ("q", "k", "v") if n in out]
-            qkv = torch.cat([out.pop(n) for n in names], -1)
-            W = split.conv.shape[1]
-            y = torch.nn.functional.conv1d(torch.nn.functional.pad(qkv.transpose(1, 2), (W - 1, 0)),
-                                           split.conv[:, None], groups=qkv.shape[-1])
-            out.update(zip(names, torch.nn.functional.silu(y.transpose(1, 2)).split(split.qkv_sizes(), -1)))
+        if split.conv is not None:          # the convolution's input: q, k, v side by side
+            out = {"qkv": torch.cat([out.pop(n) for n in ("q", "k", "v") if n in out], -1), **out}
         return out
 
     monkeypatch.setattr(split, "project", per_module)

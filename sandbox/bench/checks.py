@@ -147,12 +147,11 @@ def check_slot_scores(dtype, device, B=3, T=333, H=2, dk=64, m=64) -> dict:
 
 def check_short_conv(dtype, device, N=6, T=333, C=400, W=4, G=3) -> dict:
     """The convolution on q, k, v (``triton_short_conv.py``) against its float64 torch form: output and the
-    gradients of x and w, x a column slice of a wider product whose last 16 columns pass through (as the linear
-    mixers pass a product with a low-rank gate's input), the output as three pieces of columns (q, k, v) whose
-    tile of columns straddles two, and the passed columns, G weight groups."""
+    gradients of x and w, x a column slice of a wider product (as the linear mixers pass it), the output as three
+    pieces of columns (q, k, v) whose tile of columns straddles two, G weight groups."""
     from sandbox.kernels.short_conv import short_conv  # noqa: F401  (registers the ops)
 
-    x = torch.randn(N, T, C + 144, device=device)[..., :C + 16].to(dtype)
+    x = torch.randn(N, T, C + 144, device=device)[..., :C].to(dtype)
     w = (torch.randn(G, C, W, device=device) / math.sqrt(W)).requires_grad_()
     xs = x.detach().requires_grad_()
     xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()

@@ -46,15 +46,12 @@ def _op(x: torch.Tensor, w: torch.Tensor, sizes: list[int]) -> list[torch.Tensor
     if _triton(x, w):
         from sandbox.kernels.triton_short_conv import short_conv_triton   # Triton only where it runs
         return short_conv_triton(x, w, sizes)
-    C = w.shape[1]
-    ys = [y.contiguous() for y in F.silu(_pre_activation(x[..., :C], w)).to(x.dtype).split(sizes, -1)]
-    return ys + [x[..., C:].clone(memory_format=torch.contiguous_format)] * (x.shape[-1] > C)
+    return [y.contiguous() for y in F.silu(_pre_activation(x, w)).to(x.dtype).split(sizes, -1)]
 
 
 @_op.register_fake
 def _op_fake(x, w, sizes):
-    rest = x.shape[-1] - w.shape[1]
-    return [x.new_empty(*x.shape[:-1], n) for n in sizes] + [x.new_empty(*x.shape[:-1], rest)] * (rest > 0)
+    return [x.new_empty(*x.shape[:-1], n) for n in sizes]
 
 
 @torch.library.custom_op("sandbox::short_conv_grad", mutates_args=())
@@ -62,18 +59,17 @@ def _grad_op(dys: list[torch.Tensor], x: torch.Tensor, w: torch.Tensor) -> tuple
     if _triton(x, w):
         from sandbox.kernels.triton_short_conv import short_conv_grad_triton
         return short_conv_grad_triton(dys, x, w)
-    N, T, Cx = x.shape
-    G, C, W = w.shape
-    rest = [dys[-1]] if Cx > C else []
-    a = _pre_activation(x[..., :C], w)
+    N, T, C = x.shape
+    G, _, W = w.shape
+    a = _pre_activation(x, w)
     s = torch.sigmoid(a)
-    da = torch.cat(dys[:len(dys) - len(rest)], -1).to(a.dtype) * s * (1 + a * (1 - s))
+    da = torch.cat(dys, -1).to(a.dtype) * s * (1 + a * (1 - s))
     dap = F.pad(da, (0, 0, 0, W - 1))
     wn = w.to(a.dtype).repeat_interleave(N // G, 0)[:, None]
     dx = sum(dap[:, W - 1 - j:W - 1 - j + T] * wn[..., j] for j in range(W))
-    xp = F.pad(x[..., :C].to(a.dtype), (0, 0, W - 1, 0))
+    xp = F.pad(x.to(a.dtype), (0, 0, W - 1, 0))
     dw = torch.stack([(da * xp[:, j:j + T]).view(G, -1, C).sum(1) for j in range(W)], -1)
-    return torch.cat([dx.to(x.dtype)] + rest, -1), dw    # dw in float32 (float64 for float64 inputs)
+    return dx.to(x.dtype), dw                       # dw in float32 (float64 for float64 inputs)
 
 
 @_grad_op.register_fake
@@ -89,8 +85,7 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, dys):
     x, w = ctx.saved_tensors
-    widths = ctx.sizes + [x.shape[-1] - w.shape[1]] * (x.shape[-1] > w.shape[1])
-    dys = [d if d is not None else x.new_zeros(*x.shape[:-1], n) for d, n in zip(dys, widths)]  # an unused piece
+    dys = [d if d is not None else x.new_zeros(*x.shape[:-1], n) for d, n in zip(dys, ctx.sizes)]  # an unused piece
     dx, dw = torch.ops.sandbox.short_conv_grad(dys, x, w)
     return dx, dw.to(w.dtype), None
 
@@ -112,20 +107,13 @@ def _op_vmap(info, in_dims, x, w, sizes):
 
 
 def short_conv(x: torch.Tensor, w: torch.Tensor, sizes: list[int] | None = None) -> tuple[torch.Tensor, ...]:
-    """silu of the causal depthwise convolution of x [..., T, C'] with w [C, W] over x's first C columns, in x's
-    dtype, as pieces of columns of the given widths (one to three that add up to C; default: the whole): like
-    ``y.split(sizes, -1)``, but each piece a tensor of its own, written in place by the kernel, and their
-    gradients read where they lie, so the backward concatenates nothing (autograd's backward of a split is a
-    concatenation: a copy of the whole gradient). Where x is wider than w (C' > C: a whole projection, whose
-    last columns are not convolved), those columns come back unchanged as one more piece, and the backward
-    writes their gradient beside the convolution's: x's gradient is then one tensor made by one op, where a
-    split of x into the convolution's input and the rest would have concatenated the two gradients, a copy of
-    the whole projection's gradient."""
-    lead, (T, Cx) = x.shape[:-2], x.shape[-2:]
-    C = w.shape[0]
+    """silu of the causal depthwise convolution of x [..., T, C] with w [C, W], in x's dtype, as pieces of
+    columns of the given widths (one to three; default: the whole): ``y.split(sizes, -1)``, but each piece a
+    tensor of its own, written in place by the kernel, and their gradients read where they lie. So the backward
+    concatenates nothing (autograd's backward of a split is a concatenation: a copy of the whole gradient)."""
+    lead, (T, C) = x.shape[:-2], x.shape[-2:]
     sizes = [C] if sizes is None else list(sizes)
-    if sum(sizes) != C or not 1 <= len(sizes) <= 3 or C > Cx:
-        raise ValueError(f"short_conv: sizes {sizes}: one to three widths that add up to the filter's {C} channels, "
-                         f"at most x's {Cx} columns")
-    ys = torch.ops.sandbox.short_conv(x.reshape(-1, T, Cx), w[None], sizes)
+    if sum(sizes) != C or not 1 <= len(sizes) <= 3:
+        raise ValueError(f"short_conv: sizes {sizes}: one to three widths that add up to x's {C} columns")
+    ys = torch.ops.sandbox.short_conv(x.reshape(-1, T, C), w[None], sizes)
     return tuple(y.view(*lead, T, y.shape[-1]) for y in ys)

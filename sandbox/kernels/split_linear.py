@@ -59,9 +59,8 @@ class _SplitLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         x, w = ctx.saved_tensors
-        g = [(gi if gi is not None else x.new_zeros(*x.shape[:-1], n)).to(x.dtype)
-             for gi, n in zip(grads, ctx.sizes)]                                  # None: a piece nobody used
-        g = g[0] if len(g) == 1 else torch.ops.sandbox.cat_columns(g)             # one piece: nothing to copy
+        g = torch.ops.sandbox.cat_columns([(gi if gi is not None else x.new_zeros(*x.shape[:-1], n)).to(x.dtype)
+                                           for gi, n in zip(grads, ctx.sizes)])   # None: a piece nobody used
         dx = g @ w
         dw = g.flatten(0, -2).T @ x.flatten(0, -2)
         return dx.to(ctx.dtypes[0]), dw.to(ctx.dtypes[1]), None

@@ -180,30 +180,23 @@ class LinearMixer(Mixer):
         its usual ones, and Gated DeltaNet's step was 1.035x faster (6.94 -> 6.70 ms). The padding's outputs
         are dropped, so nothing else changes.
 
-        With a short convolution, the product goes whole to the convolution (``short_conv``), which convolves
-        its leading q, k and v columns into pieces of their own and passes the rest through as one more piece
-        (split here into the gate's and the output gate's inputs). The convolution's backward then writes the
-        product's whole output gradient; before, the product's backward concatenated the convolution's input
-        gradient with the rest's, a copy of the whole gradient per layer (0.12 ms of a d256 stack's 11 ms step
-        on the H200). Without one, the backward concatenates the pieces' gradients as a plain copy
-        (``split_linear``), not as one pointwise kernel that evaluates every piece's backward at every column.
-        Either way the pieces come back by name, q, k and v convolved."""
+        With a short convolution, its input (the q, k and v columns, which lead the product) is one piece,
+        "qkv", so the convolution reads it as it is and its gradient comes back as one tensor. The backward
+        concatenates the pieces' gradients as a plain copy (``split_linear``), not as one pointwise kernel
+        that evaluates every piece's backward at every column."""
         gate = self.gate_proj[0] if isinstance(self.gate_proj, nn.Sequential) else self.gate_proj
         mods = {"q": self.q_proj, "k": self.k_proj, "v": self.v_proj,
                 "gate": gate if gate is not None and gate.bias is None else None, "og": self.g_proj}
         mods = {n: m for n, m in mods.items() if m is not None}
         names, sizes = list(mods), [m.out_features for m in mods.values()]
+        if self.conv is not None:       # the convolution's input, the leading q, k, v columns, as one piece
+            n = len(self.qkv_sizes())
+            names, sizes = ["qkv"] + names[n:], [sum(sizes[:n])] + sizes[n:]
         w = torch.cat([m.weight for m in mods.values()])
         pad = -w.shape[0] % 8
         if pad:
             w = torch.cat([w, w.new_zeros(pad, w.shape[1])])
-            sizes = sizes + [pad]
-        if self.conv is None:
-            return dict(zip(names, split_linear(x, w, sizes)))
-        n = len(self.qkv_sizes())
-        pieces = short_conv(split_linear(x, w, [w.shape[0]])[0], self.conv, sizes[:n])
-        rest = pieces[n].split(sizes[n:], -1) if len(pieces) > n else ()
-        return dict(zip(names, pieces[:n] + tuple(rest)))
+        return dict(zip(names, split_linear(x, w, sizes + [pad] if pad else sizes)))
 
     def qkv_sizes(self) -> list[int]:
         """Widths of the q, k (where the mixer has its own keys) and v projections, in that order."""
@@ -215,7 +208,10 @@ class LinearMixer(Mixer):
         B, T, _ = x.shape
         H, K = self.H, self.K
         proj = self.project(x)
-        parts = [proj[n] for n in ("q", "k", "v") if n in proj]
+        if self.conv is not None:
+            parts = list(short_conv(proj["qkv"], self.conv, self.qkv_sizes()))
+        else:
+            parts = [proj[n] for n in ("q", "k", "v") if n in proj]
         q = parts[0].view(B, T, H, self.QK)
         v = parts[-1].view(B, T, H, self.V)
         p = {"q": feature_map(cfg.feature_map, q), "v": v, "g": None, "beta": None, "dt": None, "og": proj.get("og")}
