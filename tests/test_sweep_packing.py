@@ -23,6 +23,52 @@ def test_a_gpu_counts_as_underfilled_from_a_minute_of_samples():
     assert packing.underfilled(mixed, times, 0, now) is False
 
 
+def test_a_gpu_idle_while_its_workers_set_up_is_not_underfilled(tmp_path):
+    """The launcher judges a GPU's fill only over the samples taken since its last worker started training: a
+    set-up's idle GPU (a cold stack compiles for 20-25 s) once drew a third worker that then slowed the two
+    beside it. A worker says it trains by a marker file; one without a marker sets up."""
+    now = 1000.0
+    times = [now - 30 + 2 * i for i in range(16)]                   # every 2 s over the last 30 s
+    samples = [{0: (0.0 if t < now - 12 else 95.0, 1.0)} for t in times]     # set-ups, then both training
+    assert packing.underfilled(samples, times, 0, now) is True                 # the whole window: idle
+    assert packing.underfilled(samples, times, 0, now, since=now - 12) is False
+    assert packing.underfilled(samples, times, 0, now, since=now - 5) is None  # too few samples since
+    # another worker process that trains, and this one, which sets up
+    other = subprocess.run([sys.executable, "-c", "import os, sys; from sandbox.sweep import packing; "
+                            "packing.mark_training(sys.argv[1], True); print(os.getpid())", str(tmp_path)],
+                           capture_output=True, text=True, check=True)
+    pids = [int(other.stdout), os.getpid()]
+    assert packing.training_since(tmp_path, pids[:1]) is not None
+    assert packing.training_since(tmp_path, pids) is None
+    before = time.time()
+    packing.mark_training(tmp_path, True)
+    since = packing.training_since(tmp_path, pids)
+    assert before - 0.01 <= since <= time.time() + 0.01             # the later of the two started training
+    packing.mark_training(tmp_path, True)                           # each evaluation: the start stays
+    assert packing.training_since(tmp_path, pids) == since
+    packing.mark_training(tmp_path, False)                          # the group ended
+    assert packing.training_since(tmp_path, pids) is None and packing.training_since(tmp_path, []) is None
+    packing.clear_pace(tmp_path)                                    # a new launch forgets the other's marker
+    assert packing.training_since(tmp_path, pids[:1]) is None
+
+
+def test_a_worker_marks_itself_training_from_its_first_evaluation_to_its_group_s_end(tmp_path, monkeypatch):
+    from sandbox.sweep.worker import _Worker
+    study = _study(tmp_path)
+    out = tmp_path / "out"
+    w = _Worker(out, study, os.getpid(), None, stack=3)
+    seen, mark = [], packing.mark_training
+
+    def watched(sweep_dir, training):
+        mark(sweep_dir, training)
+        seen.append((training, packing.training_since(sweep_dir, [os.getpid()])))
+    monkeypatch.setattr(packing, "mark_training", watched)
+    assert w.run_group(w.claim()) is None
+    # each replica's evaluation at steps 50 and 100 (3 replicas), then the group's end
+    assert [t for t, _ in seen] == [True] * 6 + [False]
+    assert seen[0][1] is not None and {s for _, s in seen[:-1]} == {seen[0][1]} and seen[-1][1] is None
+
+
 def test_stack_size_counts_the_trials_that_share_every_shape(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(textwrap.dedent("""\

@@ -66,8 +66,8 @@ def add_cli(sub) -> None:
     s.add_argument("--workers", type=int, help="number of worker processes (default: 1 on CPU, "
                    "--workers-per-gpu x GPUs otherwise)")
     s.add_argument("--workers-per-gpu", type=int, help="worker processes per visible GPU, under CUDA MPS (default: "
-                   "two, and one more while a GPU stays under 60%% busy; one with --time-limit or where MPS "
-                   "cannot be started)")
+                   "two, and one more while a GPU stays under 60%% busy with its workers training; one with "
+                   "--time-limit or where MPS cannot be started)")
     s.add_argument("--stack", type=int, help="trials trained together in one worker as stacked replicas, at most "
                    "(default: the trials of a grid point and its other seeds, up to 12); 1 trains them one by one")
     s.add_argument("--storage", help="shared Optuna storage, e.g. postgresql://user:pw@host/db "

@@ -11,8 +11,11 @@ one GPU only time-slice it (8 of them summed about what one alone did). So:
   with two worker processes: a worker's start-up for each group (the data pool, compilation and
   graph capture, mostly host work) leaves the GPU idle, and a 12-trial sweep with one worker kept
   the GPU 8% busy (results/sweep_packing/), so a second worker trains while the first starts.
-  The launcher adds one more while the GPU's measured utilisation stays low. Without MPS it never
-  packs processes.
+  The launcher adds one more while the GPU's measured utilisation stays low with every worker on it
+  training: a GPU left idle by set-ups (a cold stack's compilation takes 20-25 s) is not underfilled,
+  and a third worker added then slowed the stacks beside it once they trained (the Figure 8 slice made
+  1.05-1.08x with two workers, in both orders, results/sweep_packing/). Without MPS it never packs
+  processes.
 
 With a time limit (``sandbox sweep --time-limit``) a worker sizes what it takes to what finishes before
 the limit (``fits``), from the pace measured for that kind of stack (``pace_for``): in this launch, or
@@ -32,6 +35,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from sandbox.train.files import write_json
@@ -92,14 +96,38 @@ class MPS:
 
 
 def underfilled(samples: list[dict], times: list[float], gpu: int, now: float, window_s: float = WINDOW_S,
-                below: float = IDLE_BELOW) -> bool | None:
+                below: float = IDLE_BELOW, since: float = float("-inf")) -> bool | None:
     """Whether GPU ``gpu`` was underfilled over the last ``window_s`` seconds of ``samples``
-    (``[{gpu index: (utilisation %, memory MiB)}, ...]`` taken at ``times``): its mean utilisation
-    below ``below``. None while the window holds too few samples to tell."""
-    recent = [s[gpu][0] for s, t in zip(samples, times) if now - t <= window_s and gpu in s]
+    (``[{gpu index: (utilisation %, memory MiB)}, ...]`` taken at ``times``), counting only those taken
+    from ``since`` on (when its workers were all training): its mean utilisation below ``below``. None
+    while the window holds too few samples to tell."""
+    recent = [s[gpu][0] for s, t in zip(samples, times) if now - t <= window_s and t >= since and gpu in s]
     if len(recent) < 5:
         return None
     return sum(recent) / len(recent) < below
+
+
+def mark_training(sweep_dir: Path, training: bool) -> None:
+    """Say whether this worker process trains a group now (from its first evaluation to the group's end),
+    for the launcher's fill rule (``training_since``)."""
+    marker = Path(sweep_dir) / "logs" / f"training-{os.getpid()}"
+    if not training:
+        marker.unlink(missing_ok=True)
+    elif not marker.exists():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"{time.time():.3f}")
+
+
+def training_since(sweep_dir: Path, pids: list[int]) -> float | None:
+    """Since when the workers ``pids`` all train (the latest of their markers' times); None while one of
+    them sets a group up or has none."""
+    since = float("-inf")
+    for pid in pids:
+        try:
+            since = max(since, float((Path(sweep_dir) / "logs" / f"training-{pid}").read_text()))
+        except (OSError, ValueError):
+            return None
+    return since if pids else None
 
 
 def group_size(spec, cap: int = 12) -> int:
@@ -208,5 +236,7 @@ def known_paces(sweep_dir: Path) -> dict[str, tuple[str, float, float]]:
 
 
 def clear_pace(sweep_dir: Path) -> None:
-    for f in (Path(sweep_dir) / "logs").glob("pace-*"):
-        f.unlink(missing_ok=True)
+    """Forget what the workers of an earlier launch left: their paces and training markers."""
+    for pattern in ("pace-*", "training-*"):
+        for f in (Path(sweep_dir) / "logs").glob(pattern):
+            f.unlink(missing_ok=True)

@@ -4,8 +4,8 @@ It validates the sweep (spec.py), creates or loads the study (study.py), enqueue
 point the study does not hold yet, and keeps one worker process (worker.py) per slot
 alive until the queue is empty. How a GPU is filled (packing.py): each worker trains the
 trials of a grid point stacked (``--stack``); a GPU has one worker, or under CUDA MPS two
-to start with and more while its measured utilisation stays low (or ``--workers-per-gpu N``
-under MPS); on CPU ``--workers``. It requeues the trials of workers that die, samples GPU
+to start with and more while its measured utilisation stays low as they train (or
+``--workers-per-gpu N`` under MPS); on CPU ``--workers``. It requeues the trials of workers that die, samples GPU
 utilisation, shows the live table and writes the outputs (report.py). With ``--time-limit`` it stops
 at the limit as Ctrl-C would, and before it the workers take only what finishes in time.
 """
@@ -145,7 +145,8 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                   + (f"{len(slots) // len(gpus)} worker(s) per GPU" if gpus else f"{len(slots)} CPU worker(s)")
                   + (f" under CUDA MPS (private daemon in {mps.root})" if mps else "")
                   + (f", one more while a GPU stays under {packing.IDLE_BELOW:.0f}% busy for "
-                     f"{packing.WINDOW_S:.0f} s (at most {packing.MAX_WORKERS_PER_GPU})" if grow else ""))
+                     f"{packing.WINDOW_S:.0f} s with its workers training (at most {packing.MAX_WORKERS_PER_GPU})"
+                     if grow else ""))
     if until is not None:
         console.print(f"time limit: {time_limit:.0f} s (until {time.strftime('%H:%M:%S', time.localtime(until))}); "
                       f"workers take only trials that finish by then at their kind's measured pace, and stop "
@@ -205,15 +206,17 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                     now = time.time()
                     for g in gpus:
                         n = sum(slots[s] == g for s in procs)
+                        since = packing.training_since(sweep_dir, [procs[s].pid for s in procs if slots[s] == g])
                         if (g.isdigit() and n < packing.MAX_WORKERS_PER_GPU and now - changed[g] > packing.WINDOW_S
-                                and packing.underfilled(sampler.samples, sampler.times, int(g), now)
+                                and since is not None
+                                and packing.underfilled(sampler.samples, sampler.times, int(g), now, since=since)
                                 and packing.room_for_one_more(sampler.samples[-1][int(g)][1],
                                                               sampler.total_mib.get(int(g), 0.0), n)):
                             slots.append(g)
                             changed[g] = now
                             procs[len(slots) - 1] = spawn(len(slots) - 1)
-                            board.note(f"packing: gpu{g} stayed under {packing.IDLE_BELOW:.0f}% busy; "
-                                       f"worker {n + 1} on it")
+                            board.note(f"packing: gpu{g} stayed under {packing.IDLE_BELOW:.0f}% busy with its "
+                                       f"workers training; worker {n + 1} on it")
                 board.update(trials, len(procs), sampler.latest())
                 if until is not None and time.time() >= until and procs:
                     timed_out = True

@@ -273,6 +273,7 @@ class _Worker:
             reporter = TrialReporter(trial, storage.guard)     # training never waits for the storage
 
             def on_eval(step, metrics, reporter=reporter):
+                packing.mark_training(self.dir, True)       # set up and training: the launcher's fill rule
                 reporter.report(metrics[obj["metric"]], step)
                 if pruning and reporter.should_prune(step):
                     raise StopTraining(f"pruned at step {step}: {obj['metric']} {metrics[obj['metric']]:.4f} "
@@ -308,6 +309,7 @@ class _Worker:
                                          on_eval=callbacks, prefetch=self.next_stacks)
             finally:
                 self.training = False
+                packing.mark_training(self.dir, False)
             self._measure_pace(configs, left, results, time.time() - t_group)
         except KeyboardInterrupt:
             beat.set()
