@@ -5,9 +5,10 @@ point the study does not hold yet, and keeps one worker process (worker.py) per 
 alive until the queue is empty. How a GPU is filled (packing.py): each worker trains the
 trials of a grid point stacked (``--stack``); a GPU has one worker, or under CUDA MPS two
 to start with and more while its measured utilisation stays low as they train (or
-``--workers-per-gpu N`` under MPS); on CPU ``--workers``. It requeues the trials of workers that die, samples GPU
-utilisation, shows the live table and writes the outputs (report.py). With ``--time-limit`` it stops
-at the limit as Ctrl-C would, and before it the workers take only what finishes in time.
+``--workers-per-gpu N`` under MPS); on CPU ``--workers``. It requeues the trials of workers
+that die, samples GPU utilisation, shows the live table and writes the outputs (report.py).
+With ``--time-limit`` it stops at the limit as Ctrl-C would, and before it the workers take
+only what finishes in time.
 """
 from __future__ import annotations
 
