@@ -1,7 +1,9 @@
 """The short convolution's kernels (``triton_short_conv.py``) at a stack of 9 Figure 8 GLA runs: x [9 * 256, 320, 256]
-in bf16, the leading q, k, v columns of the 400-wide projection, with 4 taps and 9 weight groups.
+in bf16, the leading q, k, v columns of the 400-wide projection, with 4 taps and 9 weight groups (``--replicas R``
+and ``--channels C``: a stack of R GLA runs at d_model C / 2, whose projection is C + C / 2 + 16 wide).
 
-    python benchmarks/short_conv_speed.py [--ref CHECKOUT] [--tiles BT,BC,WARPS ...] [--out FILE.json]
+    python benchmarks/short_conv_speed.py [--replicas 9] [--channels 256] [--ref CHECKOUT] [--tiles BT,BC,WARPS ...]
+        [--out FILE.json]
 
 (with the device runner: ``export PYTHONPATH=$PWD`` first; ``--ref .ref/COMMIT`` carried with the call)
 
@@ -42,15 +44,16 @@ def rel(a, b):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--replicas", type=int, default=9)
+    ap.add_argument("--channels", type=int, default=256, help="q, k and v columns (2 x d_model for a GLA)")
     ap.add_argument("--ref", help="another checkout whose sandbox/kernels/triton_short_conv.py to time beside")
     ap.add_argument("--tiles", nargs="*", default=[],
                     help="backward tiles BT,BC,WARPS to time beside the kept ones")
     ap.add_argument("--out")
     a = ap.parse_args()
-    R, T, C, W = a.replicas, 320, 256, 4
+    R, T, C, W = a.replicas, 320, a.channels, 4
     N = R * 256
     gen = torch.Generator(device="cuda").manual_seed(0)
-    wide = torch.randn(N, T, 400, device="cuda", generator=gen).to(torch.bfloat16)
+    wide = torch.randn(N, T, C + C // 2 + 16, device="cuda", generator=gen).to(torch.bfloat16)
     x = wide[..., :C]
     w = torch.randn(R, C, W, device="cuda", generator=gen) / 2
     dy = torch.randn(N, T, C, device="cuda", generator=gen).to(torch.bfloat16)
