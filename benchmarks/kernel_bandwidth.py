@@ -7,9 +7,9 @@ names, one run), in this process: Inductor compiles the step with ``benchmark_ke
 kernels carries the bytes it must read and write (``kernel_num_gb``: every input and output buffer once), the step
 runs 10 steps and is then profiled over ``--steps``. Per kernel: GPU ms per step, launches, GB per launch, the
 achieved rate, and the time against what those bytes take at the measured device-to-device copy rate
-(``x copy``; 1.0 = at bandwidth). cuBLAS and the project's own Triton kernels carry no byte count and are listed
-by time alone (their own scripts compare them with a copy: ``short_conv_speed.py``, ``gla_profile.py``).
-Needs a GPU.
+(``x copy``; 1.0 = at bandwidth), and the step's time split by who wrote the kernels. cuBLAS and the project's
+own Triton kernels carry no byte count and are listed by time alone (``short_conv_speed.py`` sets the short
+convolution against a copy; ``gla_profile.py`` times the GLA kernels' variants). Needs a GPU.
 """
 from __future__ import annotations
 
