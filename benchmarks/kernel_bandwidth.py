@@ -67,7 +67,8 @@ def report(label: str, datas: list[dict], steps: int, copy_rate: float) -> str:
                          f"| {r['ms_per_step'] / floor:.2f} |")
     split: dict[str, float] = {}
     for r in rows[1:]:
-        split[family(r["kernel"])] = split.get(family(r["kernel"]), 0.0) + r["ms_per_step"]
+        who = family(r["kernel"])
+        split[who] = split.get(who, 0.0) + r["ms_per_step"]
     lines += ["", f"Inductor's kernels with a byte count: {known_ms:.3f} ms per step, {known:.3f} ms at the copy rate "
                   f"({known_ms / max(known, 1e-9):.2f}x). By who wrote the kernel: "
               + ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(split.items(), key=lambda kv: -kv[1]))
