@@ -248,27 +248,6 @@ def test_regrouping_pays_only_when_it_saves_more_than_a_start():
     assert not worth_regrouping(3, 3, 10**6, 1.0, 0.0) and not worth_regrouping(0, 3, 10**6, 1.0, 0.0)
 
 
-def test_a_regrouped_stack_of_a_new_size_is_charged_its_cold_compilation(tmp_path, monkeypatch):
-    """The case measured on the H200 (results/sweep_packing/, the whole slice): 2 of a d256 stack of 3 running,
-    1500 steps left at 22.8 ms. The stack had started in 2.1 s on a helper's compilation, which had taken 14.2 s
-    from cold caches; a stack of 2 had never been compiled. Rebuilding saves 1500 * 0.0228 / 3 = 11.4 s: worth
-    twice 2.1 s, not twice 14.2 s. Once a stack of 2 is in the caches, its start-up is the warm one again."""
-    from sandbox.train.group import group_kind, regroup_setup, worth_regrouping
-    from sandbox.train.step import mark_cache_warm
-
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))    # markers of this test only
-    three = configs(lrs=(5e-4, 2e-3, 8e-3), seeds=(0, 0, 0))
-    running, kind = [three[0], three[2]], group_kind(three)
-    assert regroup_setup(running, kind, 2.1) == 2.1                  # no marker: nothing better known
-    mark_cache_warm(kind, 14.2)
-    assert regroup_setup(running, kind, 2.1) == 14.2
-    assert regroup_setup(running, None, 2.1) == 2.1                  # an uncompiled step compiles nothing
-    assert worth_regrouping(2, 3, 1500, 0.0228, 2.1)
-    assert not worth_regrouping(2, 3, 1500, 0.0228, regroup_setup(running, kind, 2.1))
-    mark_cache_warm(group_kind(running), 12.0)
-    assert regroup_setup(running, kind, 2.1) == 2.1
-
-
 def test_runs_resumed_at_different_steps_train_as_separate_stacks(tmp_path):
     """One run interrupted at step 6, one never started: train_replicas trains each from where it is (the
     earlier first) and both end with the weights of a straight run."""

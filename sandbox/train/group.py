@@ -15,7 +15,7 @@ import torch
 from sandbox.config import RunConfig, to_dict
 from sandbox.model import LanguageModel
 from sandbox.tasks import TrainBatches, make_task
-from sandbox.train.step import Step, cache_warm, compile_seconds, graph_safe
+from sandbox.train.step import Step, cache_warm, graph_safe
 
 
 def resolve_device(name: str) -> torch.device:
@@ -87,16 +87,6 @@ def worth_regrouping(active: int, replicas: int, steps_left: int, step_s: float,
     if not 0 < active < replicas:
         return False
     return steps_left * step_s * (1 - active / replicas) > REGROUP_FACTOR * setup_s
-
-
-def regroup_setup(running: list[RunConfig], kind, setup_s: float) -> float:
-    """The start-up a group of the ``running`` runs would pay. This group's own (``setup_s``) where its step was not
-    compiled (``kind`` None) or a step of the new group's kind is already in the compile caches; else what compiling
-    ``kind`` from cold caches took, which a stack of a new size repeats (a sweep's rebuilt d256 stack of 2 set up in
-    14.2 s where its stack of 3 had taken 2.1 s with a helper's compilation, results/sweep_packing/)."""
-    if kind is None or cache_warm(group_kind(running)):
-        return setup_s
-    return max(setup_s, compile_seconds(kind) or 0.0)
 
 
 class Group:

@@ -25,7 +25,7 @@ from sandbox.config import RunConfig, flatten, to_dict
 from sandbox.train.evaluation import evaluate_stack
 from sandbox.train.files import save_torch_soon, saves_done, write_json
 import sandbox.train.precompile as precompile
-from sandbox.train.group import Group, regroup_setup, stack_key, worth_regrouping
+from sandbox.train.group import Group, stack_key, worth_regrouping
 from sandbox.train.signals import HeldSignals
 from sandbox.train.step import cache_warm, mark_cache_warm
 
@@ -317,9 +317,7 @@ def _train_group(cfgs, outs, progress, callbacks, t_start, prefetch=None) -> lis
                     info = _info([runs[r] for r in active] or runs, [losses[r] for r in active] or losses, sps)
                     bar.update(bar_task, completed=s, info=info)
                     steady = ready and t_log >= t_ready          # sps then counts replayed steps only
-                    if steady and len(active) < R and worth_regrouping(
-                            len(active), R, tc.steps - s, 1 / max(sps, 1e-9),
-                            regroup_setup([runs[r].cfg for r in active], step.kind if step.compiled else None, setup_s)):
+                    if steady and worth_regrouping(len(active), R, tc.steps - s, 1 / max(sps, 1e-9), setup_s):
                         for r in active:         # hand the running replicas back, to go on as a smaller group
                             runs[r].save(step, r)
                             runs[r].writer.close()
