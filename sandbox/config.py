@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 
 from sandbox.mixers import mixer_config_class, mixer_names
-from sandbox.tasks import TASKS, task_config_class
+from sandbox.tasks import task_config_class, task_names
 
 
 class ConfigError(Exception):
@@ -225,8 +225,8 @@ def _parse_task(data, src: str) -> TaskSpec:
         raise ConfigError(src, "task", "expected a mapping with at least `name`")
     data = dict(data)
     name = data.pop("name", None)
-    if name not in TASKS:
-        raise ConfigError(src, "task.name", f"unknown task {name!r} (known: {', '.join(sorted(TASKS))})")
+    if name not in task_names():
+        raise ConfigError(src, "task.name", f"unknown task {name!r} (known: {', '.join(task_names())})")
     return TaskSpec(name, parse_dataclass(task_config_class(name), data, "task", src))
 
 

@@ -44,7 +44,7 @@ def generator_ms(cfg, steps: int) -> float:
     """ms per step that drawing the training batches costs on their own (whatever TrainBatches does)."""
     from sandbox.tasks import TrainBatches, make_task
     task = make_task(cfg.task.params, seed=cfg.seed, device="cuda" if torch.cuda.is_available() else "cpu")
-    task.test_hashes()                      # once per run, not per step
+    task.held_out_fingerprints("train")    # once per run, not per step
     _sync()
     t = time.perf_counter()
     try:

@@ -26,9 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sandbox.tasks.rng import bits32, derive, row_fingerprint, row_key, smallest, uniform
-
-SPLITS = {"train": 1, "test": 2}
+from sandbox.tasks.base import SPLIT_IDS, Task, register_task
+from sandbox.tasks.rng import bits32, derive, row_key, smallest, uniform
 
 
 @dataclass
@@ -40,6 +39,7 @@ class MQARConfig:
     gap: int = 0
     noise: int = 0
     noise_vocab_size: int | None = None   # default: V // 2
+    val_examples: int = 1024
     test_examples: int = 1024
 
     def __post_init__(self):
@@ -62,17 +62,32 @@ class MQARConfig:
             raise ValueError(f"power_a: must be in (0, 1], got {self.power_a}")
         if self.noise_vocab_size is not None and self.noise_vocab_size < 1:
             raise ValueError(f"noise_vocab_size: must be >= 1, got {self.noise_vocab_size}")
-        if self.test_examples < 1:
-            raise ValueError(f"test_examples: must be >= 1, got {self.test_examples}")
+        for name in ("val_examples", "test_examples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
 
 
-class MQAR:
+@register_task("mqar", MQARConfig)
+class MQAR(Task):
+    """MQAR (module docstring).
+
+    ``chance`` is 1 / num_kv_pairs: the accuracy of answering each query with one of its context's
+    values picked uniformly. That is the best a model can do without binding keys to values: the
+    values are drawn independently of the keys, so each of the kv values in the context is equally
+    likely to be the answer. Guessing among all V/2 values does worse; recalling even a few pairs
+    does better, and that is recall. How far above chance a mean must be to count as learning is
+    the verdict's rule to choose, not the task's.
+    """
+
     def __init__(self, cfg: MQARConfig, seed: int = 0, device="cpu"):
-        self.cfg, self.seed, self.device = cfg, seed, torch.device(device)
+        super().__init__(seed, device)
+        self.cfg = cfg
         self.seq_len = cfg.seq_len
         self.noise_vocab = (cfg.noise_vocab_size or cfg.vocab_size // 2) if cfg.noise else 0
         self.vocab_size = cfg.vocab_size + self.noise_vocab      # what the model must embed
         self.max_targets = cfg.num_kv_pairs                      # scored positions per example
+        self.chance = 1 / cfg.num_kv_pairs
+        self.split_sizes = {"val": cfg.val_examples, "test": cfg.test_examples}
         # rows one generator call should make at most: its largest temporaries are [rows, V/2] float64
         # tables on the CPU (kept near 32 MB each), [rows, seq_len] int64 on a GPU, where the key and value
         # draws need no table (kept near 256 MB: few calls, few launches)
@@ -80,9 +95,7 @@ class MQAR:
             self.rows_per_call = max(1, (1 << 25) // cfg.seq_len)
         else:
             self.rows_per_call = max(1, (1 << 22) // max(cfg.seq_len, cfg.vocab_size // 2))
-        self._test_hashes: torch.Tensor | None = None
 
-    # ---- generation -------------------------------------------------------------------
     def examples(self, ids: torch.Tensor, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Examples for global example ids (int64 [B]) of a split; fully vectorised."""
         c, dev = self.cfg, ids.device
@@ -90,13 +103,10 @@ class MQAR:
         B = ids.numel()
         n_keys, n_vals = V // 2 - 1, V - V // 2
 
-        base = row_key(ids, self.seed, SPLITS[split])
+        base = row_key(ids, self.seed, SPLIT_IDS[split])
 
         def key(stream):
             return derive(base, stream)
-
-        def random_order(stream, n):
-            return uniform(key(stream), key(stream + 100), torch.arange(n, device=dev))
 
         # distinct keys and values: the kv smallest of n uniforms pick a uniform random subset
         # in random order (52-bit uniforms: no ties in practice, same on every device)
@@ -105,54 +115,25 @@ class MQAR:
 
         x = torch.zeros(B, T, dtype=torch.int64, device=dev)
         y = torch.full((B, T), -100, dtype=torch.int64, device=dev)
-        x[:, 0:2 * kv:2] = keys
-        x[:, 1:2 * kv:2] = values
-
-        start = 2 * kv + c.gap + c.noise
-        slots = (T - start) // 2
         if self.noise_vocab:
             pos = torch.arange(2 * kv, T, device=dev)
             x[:, 2 * kv:] = V + bits32(key(13), pos) % self.noise_vocab
-        # power-law slot choice without replacement: exponential races E_s / p_s, smallest kv win
-        s = torch.arange(slots, device=dev, dtype=torch.float64)
-        weight = c.power_a * (s + 1) ** (c.power_a - 1)
-        race = -torch.log(random_order(14, slots)) / weight
-        slot = torch.topk(race, kv, dim=1, largest=False).indices          # slot of key j
-        qpos = start + 2 * slot
+        x[:, 0:2 * kv:2] = keys
+        x[:, 1:2 * kv:2] = values
+
+        qpos = self._power_law_queries(key, dev)
         x.scatter_(1, qpos, keys)
         y.scatter_(1, qpos, values)
         return x, y
 
-    def sample(self, batch_size: int, split: str = "train", index: int = 0, count: int = 1):
-        """Batch ``index`` of a split: examples ``index*batch_size ... (index+1)*batch_size - 1``.
-        With ``count``, batches ``index ... index+count-1`` stacked along the rows, with the
-        same bits as sampling them one by one (one call instead of ``count``: on a GPU the
-        generator is bound by kernel launches, not by the size of the batch).
-
-        Training rows that happen to equal a test example are not scored (targets -100),
-        so train and test never share a scored example.
-        """
-        if split not in SPLITS:
-            raise ValueError(f"split: must be 'train' or 'test', got {split!r}")
-        ids = index * batch_size + torch.arange(count * batch_size, device=self.device, dtype=torch.int64)
-        if split == "test" and (index + count) * batch_size > self.cfg.test_examples:
-            raise IndexError(f"test split has {self.cfg.test_examples} examples; batch {index} of "
-                             f"{batch_size} runs past it")
-        x, y = self.examples(ids, split)
-        if split == "train":
-            fp, test = row_fingerprint(x), self.test_hashes()      # sorted: a binary search, not isin's sort
-            clash = test[torch.searchsorted(test, fp).clamp_max(test.numel() - 1)] == fp
-            y = torch.where(clash[:, None], torch.full_like(y, -100), y)
-        return x, y
-
-    def test_batches(self, batch_size: int):
-        """The whole test split in batches (the last one may be smaller)."""
-        n = self.cfg.test_examples
-        for start in range(0, n, batch_size):
-            ids = torch.arange(start, min(start + batch_size, n), device=self.device, dtype=torch.int64)
-            yield self.examples(ids, "test")
-
-    def test_hashes(self) -> torch.Tensor:
-        if self._test_hashes is None:
-            self._test_hashes = torch.cat([row_fingerprint(x) for x, _ in self.test_batches(4096)]).sort().values
-        return self._test_hashes
+    def _power_law_queries(self, key, dev) -> torch.Tensor:
+        """Positions [B, kv] of the queries of keys 1 .. kv: power-law slots of the query region."""
+        c = self.cfg
+        start = 2 * c.num_kv_pairs + c.gap + c.noise
+        slots = (c.seq_len - start) // 2
+        # without replacement: exponential races E_s / p_s, the smallest kv win
+        s = torch.arange(slots, device=dev)
+        weight = c.power_a * (s.double() + 1) ** (c.power_a - 1)
+        race = -torch.log(uniform(key(14), key(114), s)) / weight
+        slot = torch.topk(race, c.num_kv_pairs, dim=1, largest=False).indices          # slot of key j
+        return start + 2 * slot
