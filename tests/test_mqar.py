@@ -7,8 +7,10 @@ import torch
 from sandbox.tasks import TrainBatches, make_task
 
 
-def _check_example(x, y, kv, V, gap=0, noise=0, noise_vocab=0):
+def _check_example(x, y, kv, V, gap=0, noise=0, noise_vocab=0, prefix=0):
     x, y = x.tolist(), y.tolist()
+    assert all(V <= t < V + noise_vocab for t in x[:prefix]), "the prefix must be noise tokens"
+    x, y = x[prefix:], y[prefix:]
     T = len(x)
     ctx = x[: 2 * kv]
     keys, values = ctx[0::2], ctx[1::2]
@@ -41,7 +43,9 @@ def _check_example(x, y, kv, V, gap=0, noise=0, noise_vocab=0):
 @pytest.mark.parametrize("kw", [dict(seq_len=64, num_kv_pairs=4, vocab_size=64),
                                 dict(seq_len=97, num_kv_pairs=8, vocab_size=8192),
                                 dict(seq_len=80, num_kv_pairs=4, vocab_size=32, gap=20),
-                                dict(seq_len=80, num_kv_pairs=4, vocab_size=32, noise=20, noise_vocab_size=7)])
+                                dict(seq_len=80, num_kv_pairs=4, vocab_size=32, noise=20, noise_vocab_size=7),
+                                dict(seq_len=90, num_kv_pairs=4, vocab_size=32, gap=20, prefix=10),
+                                dict(seq_len=90, num_kv_pairs=4, vocab_size=32, noise=20, prefix=10)])
 def test_examples_follow_the_documented_layout(kw):
     task = make_task("mqar", seed=3, **kw)
     noise_vocab = task.noise_vocab
@@ -49,8 +53,8 @@ def test_examples_follow_the_documented_layout(kw):
     assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (32, kw["seq_len"])
     for i in range(32):
         _check_example(x[i], y[i], kw["num_kv_pairs"], kw["vocab_size"], kw.get("gap", 0),
-                       kw.get("noise", 0), noise_vocab)
-    if kw.get("noise"):
+                       kw.get("noise", 0), noise_vocab, kw.get("prefix", 0))
+    if kw.get("noise") or kw.get("prefix"):
         assert task.vocab_size == kw["vocab_size"] + noise_vocab
         assert int(x.max()) < task.vocab_size
 
@@ -141,7 +145,9 @@ def test_too_short_sequence_is_rejected():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compares the CPU with a GPU")
 @pytest.mark.parametrize("kw", [dict(seq_len=256, num_kv_pairs=16), dict(seq_len=512, num_kv_pairs=64, noise=64),
-                                dict(seq_len=320, num_kv_pairs=16, gap=192), dict(seq_len=64, num_kv_pairs=4)])
+                                dict(seq_len=320, num_kv_pairs=16, gap=192), dict(seq_len=64, num_kv_pairs=4),
+                                dict(seq_len=320, num_kv_pairs=8, prefix=64, gap=64),
+                                dict(seq_len=640, num_kv_pairs=16, prefix=64, distance=512)])
 def test_gpu_batches_equal_cpu_batches_bit_for_bit(kw):
     """On a GPU the generator takes other kernels (a Triton table of uniforms, the threshold kernel for the
     kv smallest); the bits must not change, for training batches drawn through the pool, val and test batches."""

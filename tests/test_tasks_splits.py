@@ -10,6 +10,8 @@ from sandbox.tasks.rng import row_fingerprint
 
 # 3 keys from 4 keys and 4 values in 12 positions: so few distinct examples that the splits collide often
 TINY = dict(seq_len=12, num_kv_pairs=3, vocab_size=10, val_examples=300, test_examples=500)
+TINY_DISTANCE = dict(seq_len=20, num_kv_pairs=2, vocab_size=8, noise_vocab_size=1, prefix=2, distance=6,
+                     val_examples=200, test_examples=200)
 
 
 def _rows(x):
@@ -21,7 +23,7 @@ def _split(task, split):
     return torch.cat(x), torch.cat(y)
 
 
-@pytest.mark.parametrize("kw", [TINY])
+@pytest.mark.parametrize("kw", [TINY, TINY_DISTANCE])
 def test_no_example_is_scored_in_two_splits(kw):
     task = make_task("mqar", seed=0, **kw)
     val_x, val_y = _split(task, "val")
@@ -37,7 +39,7 @@ def test_no_example_is_scored_in_two_splits(kw):
         assert torch.equal(got, torch.full_like(raw, -100) if r in test else raw)
 
 
-@pytest.mark.parametrize("kw", [TINY])
+@pytest.mark.parametrize("kw", [TINY, TINY_DISTANCE])
 def test_train_rows_equal_to_a_val_example_are_unscored(kw):
     task = make_task("mqar", seed=0, **kw)
     val, test = set(_rows(_split(task, "val")[0])), set(_rows(_split(task, "test")[0]))
