@@ -1,0 +1,235 @@
+"""The terms a figure's claims are written in: cells of a sweep, comparisons with a rule, claims that combine them.
+
+A figure's ``verdict.py`` builds its claims from a ``Table`` (the finished trials of its sweep directories):
+
+    claim = Claim("A: top-k improves recall", need=None)                 # None: every item must hold
+    claim.compare("gla, zero tokens", t.cell(**topk), t.cell(**dense), greater(0.05, expect=0.5))
+    claim.against("attention at (512, 64)", t.cell(**attn), 0.99, greater(0.0))
+
+A **cell** holds one value per seed: the test accuracy of the trial whose learning rate and step were chosen on
+the validation split (a run from before the split: its best test accuracy over learning rates and steps, and the
+cell says so). A **comparison** is an effect with its 95% interval and a rule fixed before running
+(``sandbox.analysis.stats``); a claim combines its comparisons with Holm's adjustment and reads "holds", "does not
+hold" or "inconclusive", the last with the seeds per cell that would decide it. Missing cells count as
+inconclusive, so a sweep part way through already shows what is settled.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from sandbox.analysis import stats
+from sandbox.analysis.plot_sweep import finished, load_rows
+from sandbox.analysis.stats import FAILS, HOLDS, OPEN, Effect, Rule, greater, less, within
+
+__all__ = ["Cell", "Table", "Item", "Claim", "greater", "less", "within", "HOLDS", "FAILS", "OPEN"]
+
+
+@dataclass
+class Cell:
+    """One value per seed (``values[i]`` of ``seeds[i]``) and how the learning rate and step were chosen."""
+    values: list[float]
+    seeds: list[int]
+    selected_on: str = "val"      # "val", or "test" for runs that predate the validation split
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values)
+
+    @property
+    def sd(self) -> float:
+        return stats._sd(self.values)
+
+    def text(self) -> str:
+        mark = "" if self.selected_on == "val" else "*"
+        if self.n < 2:
+            return f"{self.mean:.3f}{mark}"
+        _, lo, hi = stats.mean_ci(self.values, bounds=(0.0, 1.0))
+        return f"{self.mean:.3f} [{lo:.3f}, {hi:.3f}]{mark}"
+
+
+def _number(v):
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+class Table:
+    """A figure's finished trials, looked up by grid values. Several directories (a figure's parts, or reruns of
+    one protocol with new seeds) pool their trials; a seed found in two directories keeps the first one's."""
+
+    def __init__(self, *sweep_dirs):
+        dirs = [Path(d) for d in sweep_dirs]
+        if not dirs:
+            raise ValueError("sweep_dir: give at least one sweep directory")
+        self.dir, self.rows, specs = dirs[0], [], {}
+        for d in dirs:
+            if not (d / "sweep.yaml").is_file():
+                raise ValueError(f"sweep_dir: {d} has no sweep.yaml (not a sweep directory)")
+            specs[d] = yaml.safe_load((d / "sweep.yaml").read_text())
+            rows, _ = load_rows(d)
+            self.rows += [{**r, "sweep_dir": d} for r in finished(rows)[0]]
+        names = {s["name"] for s in specs.values()}
+        if len(names) > 1:
+            raise ValueError("sweep_dir: the directories hold different sweeps (" + ", ".join(sorted(names))
+                             + "); pool only one figure's parts and reruns")
+        self.spec = specs[self.dir]
+        self.name = self.spec["name"]
+        self.chance = chance_level(self.spec["base"]["task"])
+        self.notes: list[str] = []
+
+    def rows_where(self, **where) -> list[dict]:
+        """Finished rows matching ``where`` (dotted keys, ``__`` for ``.`` where a keyword needs it)."""
+        where = {k.replace("__", "."): v for k, v in where.items()}
+        return [r for r in self.rows if all(r.get(k) == v for k, v in where.items())]
+
+    def cell(self, **where) -> Cell | None:
+        """The cell of the rows matching ``where``: per seed, the trial (of the tuned learning rates) with the best
+        validation accuracy, read at its test accuracy at the step chosen on validation. None when no seed has
+        finished."""
+        chosen: dict[int, tuple[float, float, str, Path]] = {}
+        for r in self.rows_where(**where):
+            pick, value, on = _selection(r)
+            if pick is None or value is None:
+                continue
+            s = int(r.get("seed") or 0)
+            old = chosen.get(s)
+            if old is not None and old[3] != r["sweep_dir"]:
+                continue                               # the same seed in a later directory: the first one's counts
+            if old is None or pick > old[0]:
+                chosen[s] = (pick, value, on, r["sweep_dir"])
+        if not chosen:
+            return None
+        seeds = sorted(chosen)
+        on = "val" if all(chosen[s][2] == "val" for s in seeds) else "test"
+        return Cell([chosen[s][1] for s in seeds], seeds, on)
+
+
+def _selection(row: dict) -> tuple[float | None, float | None, str]:
+    """(what a trial is chosen by, the value it contributes, the split it was chosen on)."""
+    val = _number(row.get("best_val_accuracy"))
+    if val is not None:
+        return val, _number(row.get("test_at_best_val")), "val"
+    best = _number(row.get("best_accuracy"))
+    return best, best, "test"
+
+
+def chance_level(task: dict) -> float:
+    """The accuracy of guessing among the values of an example's context (MQAR); tasks that state their own
+    chance level through the task contract are read from it."""
+    try:
+        from sandbox.tasks import make_task
+        params = {k: v for k, v in task.items() if k != "name"}
+        return float(make_task(task["name"], **params).chance)
+    except (AttributeError, ImportError):
+        return 1.0 / task["num_kv_pairs"]
+
+
+@dataclass
+class Item:
+    name: str
+    a: Cell | None
+    b: Cell | float | None          # a cell, or a fixed level (chance, a ceiling)
+    rule: Rule
+    labels: tuple[str, str] = ("a", "b")
+
+    @property
+    def effect(self) -> Effect | None:
+        if self.a is None or self.b is None:
+            return None
+        if isinstance(self.b, Cell):
+            return stats.difference(self.a.values, self.b.values)
+        return stats.shift(self.a.values, float(self.b))
+
+    def sds(self) -> list[float]:
+        cells = [c for c in (self.a, self.b) if isinstance(c, Cell) or c is None]
+        return [c.sd if c is not None and c.n > 1 else math.nan for c in cells]
+
+
+@dataclass
+class Claim:
+    """Named comparisons and how they combine: every item must hold (``need`` None) or at least ``need`` of them.
+    ``stand_in`` names what a synthetic task stands in for (a language-model claim tested on MQAR)."""
+    name: str
+    need: int | None = None
+    stand_in: str | None = None
+    items: list[Item] = field(default_factory=list)
+
+    def compare(self, name: str, a: Cell | None, b: Cell | None, rule: Rule, labels=("a", "b")) -> None:
+        self.items.append(Item(name, a, b, rule, labels))
+
+    def against(self, name: str, a: Cell | None, level: float, rule: Rule, label: str = "a") -> None:
+        self.items.append(Item(name, a, level, rule, (label, f"{level:g}")))
+
+    def judged(self) -> tuple[str, list[str]]:
+        effects = [i.effect for i in self.items]
+        return stats.combine(effects, [i.rule for i in self.items], self.need)
+
+    def verdict(self) -> str:
+        return self.judged()[0]
+
+    def rule_text(self) -> str:
+        m = len(self.items)
+        rules = sorted({i.rule.text() for i in self.items})
+        how = (f"every one of the {m} items holds" if self.need in (None, m) else
+               f"at least {self.need} of the {m} items hold")
+        return (f"each item's effect must satisfy {' / '.join(rules)} with its whole 95% interval"
+                + (f" (Holm over the {m} items)" if m > 1 else "") + f"; the claim holds when {how}, and does "
+                f"not hold once {'any item does' if self.need in (None, m) else f'more than {m - self.need} do'} not")
+
+    def markdown(self) -> str:
+        verdict, outcomes = self.judged()
+        lines = [f"**{self.name}**: {verdict}" + (f" (a stand-in: {self.stand_in})" if self.stand_in else ""), "",
+                 f"Rule: {self.rule_text()}.", "",
+                 "| item | a | b | n | effect [95% interval] | P(a > b) | verdict |", "|---|---|---|---|---|---|---|"]
+        undecided = []
+        for item, outcome in zip(self.items, outcomes):
+            e = item.effect
+            a = f"{item.labels[0]} {item.a.text()}" if item.a else f"{item.labels[0]} not run"
+            b = (f"{item.labels[1]} {item.b.text()}" if isinstance(item.b, Cell) else
+                 item.labels[1] if item.b is not None else f"{item.labels[1]} not run")
+            if e is None:
+                lines.append(f"| {item.name} | {a} | {b} | - | - | - | not run |")
+                continue
+            lo, hi = e.interval()
+            n = " / ".join(str(k) for k in e.n)
+            interval = f"{e.estimate:+.3f} [{lo:+.3f}, {hi:+.3f}]" if math.isfinite(lo) else f"{e.estimate:+.3f} [one seed]"
+            sup = f"{e.p_superior:.2f}" if e.p_superior is not None else "-"
+            lines.append(f"| {item.name} | {a} | {b} | {n} | {interval} | {sup} | {outcome} |")
+            if outcome == OPEN:
+                k = stats.seeds_to_decide(e, item.rule, len(self.items))
+                undecided.append(f"{item.name}: " + (f"{k} seeds per cell would decide it at the measured means "
+                                                     f"and spreads" if k else "its effect sits on the margin: more "
+                                                     "seeds would not decide it"))
+        if undecided:
+            lines += ["", "Inconclusive: " + "; ".join(undecided) + "."]
+        return "\n".join(lines)
+
+    def plan(self, power: float = 0.8) -> list[tuple[str, Rule, list[float], int | None]]:
+        """Per item: (name, rule, the pilot's sds (NaN: unknown), seeds per cell for ``power``)."""
+        return [(i.name, i.rule, i.sds(), stats.seeds_for_power(i.sds(), i.rule, power, len(self.items)))
+                for i in self.items]
+
+    def plan_markdown(self, power: float = 0.8) -> str:
+        lines = [f"**{self.name}**", "", f"| item | rule | expected effect | pilot sd | seeds per cell ({power:.0%} "
+                 "power) |", "|---|---|---|---|---|"]
+        for name, rule, sds, n in self.plan(power):
+            sd = " / ".join("unknown" if not s == s else f"{s:.3f}" for s in sds)
+            lines.append(f"| {name} | {rule.text()} | {rule.planned_effect():+.2f} | {sd} | "
+                         f"{n if n is not None else 'more than %d, or the expected effect cannot hold' % stats.MAX_SEEDS} |")
+        return "\n".join(lines)
+
+
+FOOTNOTE = ("Cells: each seed's test accuracy at the learning rate and step chosen on the validation split, as mean "
+            "[95% t interval, clipped to 0-1]; * marks cells of runs from before the validation split, where both "
+            "were chosen on test. Effects: mean(a) - mean(b) (or - a fixed level) with Welch's 95% interval, seeds' "
+            f"spreads taken as at least {stats.SD_FLOOR}. P(a > b): the share of seed pairs where a's seed is higher.")
