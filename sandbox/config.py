@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 
 from sandbox.mixers import mixer_config_class, mixer_names
+from sandbox.recipes import RECIPES, apply_recipe
 from sandbox.tasks import task_config_class, task_names
 
 
@@ -37,6 +38,7 @@ class ModelConfig:
     mlp_expand: float = 2.0                   # SwiGLU hidden width = mlp_expand * d_model
     positions: Literal["none", "learned"] = "none"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    dropout: float = 0.0                      # on the embeddings and on attention weights, in training only
     # model.<mixer name>: options of that mixer, parsed into its registered config class
     mixer_options: dict[str, Any] = field(default_factory=dict)
 
@@ -50,6 +52,7 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
+    recipe: str | None = None                 # a named recipe filling the keys left unset (sandbox/recipes.py)
     steps: int = 2000
     batch_size: int = 64
     lr: float = 1e-3
@@ -196,6 +199,8 @@ def _parse_model(data, src: str) -> ModelConfig:
     if not isinstance(cfg.mixer, str) and cfg.n_layers % len(cfg.mixer):
         raise ConfigError(src, "model.mixer", f"a pattern of {len(cfg.mixer)} mixers does not tile "
                                               f"n_layers={cfg.n_layers}")
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise ConfigError(src, "model.dropout", f"must be in [0, 1), got {cfg.dropout}")
     if cfg.mlp_expand <= 0:
         raise ConfigError(src, "model.mlp_expand", f"must be > 0, got {cfg.mlp_expand}")
     return cfg
@@ -239,6 +244,13 @@ def config_from_dict(data: dict, src: str = "<config>") -> RunConfig:
             raise ConfigError(src, str(key), f"unknown key (known: {', '.join(sorted(known))})")
     if "task" not in data:
         raise ConfigError(src, "task", "missing (a run needs a task)")
+    if not isinstance(data.get("train") or {}, dict):
+        raise ConfigError(src, "train", "expected a mapping")
+    try:
+        data = apply_recipe(data)
+    except KeyError as e:
+        raise ConfigError(src, "train.recipe", f"unknown recipe {e.args[0]!r} (known: {', '.join(sorted(RECIPES))})") \
+            from None
     seed = _coerce(int, data.get("seed", 0), "seed", src)
     name = _coerce(str | None, data.get("name"), "name", src)
     cfg = RunConfig(task=_parse_task(data["task"], src), model=_parse_model(data.get("model"), src),

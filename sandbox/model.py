@@ -65,9 +65,10 @@ class LanguageModel(nn.Module):
         self.pos = nn.Embedding(max_seq_len, cfg.d_model) if cfg.positions == "learned" else None
         self.blocks = nn.ModuleList()
         for i, name in enumerate(cfg.layer_mixers()):
-            ctx = MixerContext(cfg.d_model, cfg.n_heads, i, max_seq_len)
+            ctx = MixerContext(cfg.d_model, cfg.n_heads, i, max_seq_len, cfg.dropout)
             self.blocks.append(Block(cfg, build_mixer(name, ctx, cfg.options(name))))
         self.norm = make_norm(cfg.norm, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout) if cfg.dropout else None
         self.apply(self._init)
 
     @staticmethod
@@ -90,6 +91,8 @@ class LanguageModel(nn.Module):
         x = embedding(self.embed.weight, tokens)   # its backward sums repeated tokens first
         if self.pos is not None:
             x = x + self.pos.weight[: tokens.shape[1]]
+        if self.drop is not None:
+            x = self.drop(x)
         for block in self.blocks[:-1]:
             x = block(x)
         x = self.blocks[-1](x, positions)

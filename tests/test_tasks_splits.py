@@ -85,3 +85,15 @@ def test_held_out_splits_are_bounded():
         task.sample(4, "dev")
     with pytest.raises(ValueError, match="^val_examples: must be >= 1, got 0"):
         make_task("mqar", val_examples=0)
+
+
+def test_a_fixed_training_set_revisits_its_examples_each_epoch():
+    task = make_task("mqar", seq_len=32, num_kv_pairs=4, vocab_size=64, train_examples=10, seed=3)
+    free = make_task("mqar", seq_len=32, num_kv_pairs=4, vocab_size=64, seed=3)
+    x, y = task.sample(4, "train", 3)                        # examples 12..15 of an epoch of 10: 2..5
+    x2, y2 = free.sample(2, "train", 1)                      # examples 2, 3 of the unbounded stream
+    x4, y4 = free.sample(2, "train", 2)                      # examples 4, 5
+    assert torch.equal(x, torch.cat([x2, x4])) and torch.equal(y, torch.cat([y2, y4]))
+    many, _ = task.sample(4, "train", 0, count=5)             # 20 rows: two epochs
+    assert torch.equal(many[:10], many[10:])
+    assert len({tuple(r.tolist()) for r in many}) == 10

@@ -42,10 +42,11 @@ class Attention(Mixer):
         self.record("keys", k.transpose(1, 2))
         self.record("values", v.transpose(1, 2))
         mask = causal_window_mask(t, self.cfg.window, x.device)
+        p = self.ctx.dropout if self.training else 0.0
         if mask is None:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
         else:
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         return self.out(o.transpose(1, 2).reshape(b, t, d))
 
     def graph_safe(self) -> bool:

@@ -37,6 +37,7 @@ class MixerContext:
     n_heads: int
     layer_idx: int
     max_seq_len: int
+    dropout: float = 0.0          # the model's dropout, for mixers with attention weights to drop
 
 
 class Mixer(nn.Module):

@@ -3,7 +3,8 @@
 A task is a generator of examples behind three splits:
 
 * ``train``: unbounded; batch ``index`` of ``batch_size`` rows holds examples
-  ``index * batch_size ...``;
+  ``index * batch_size ...``, taken modulo ``train_examples`` when the task has a fixed
+  training set (a recipe that trains for epochs over one, as Zoology's does);
 * ``val``: a fixed set of ``split_sizes["val"]`` examples, where a learning rate and an
   early-stop step are chosen;
 * ``test``: a fixed set of ``split_sizes["test"]`` examples, where verdicts are read.
@@ -49,7 +50,8 @@ class Task:
       * ``max_targets``: scored positions per row at most (lets a head read those positions
         only); None when any position may be scored;
       * ``rows_per_call``: the most rows one call of ``examples`` should make (bounds its
-        temporaries; ``TrainBatches`` draws this many at once).
+        temporaries; ``TrainBatches`` draws this many at once);
+      * ``train_examples``: the size of a fixed training set (None: every batch is new).
     """
 
     seq_len: int
@@ -58,6 +60,7 @@ class Task:
     split_sizes: dict[str, int]
     max_targets: int | None = None
     rows_per_call: int = 4096
+    train_examples: int | None = None
     name: str                                           # set by ``register_task``
 
     def __init__(self, seed: int = 0, device="cpu"):
@@ -85,7 +88,10 @@ class Task:
         if split != "train" and stop > self.split_sizes[split]:
             raise IndexError(f"{split} split has {self.split_sizes[split]} examples; batch {index} of "
                              f"{batch_size} runs past it")
-        return self._draw(torch.arange(first, stop, device=self.device, dtype=torch.int64), split)
+        ids = torch.arange(first, stop, device=self.device, dtype=torch.int64)
+        if split == "train" and self.train_examples is not None:
+            ids = ids % self.train_examples
+        return self._draw(ids, split)
 
     def eval_batches(self, split: str, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The whole of a held-out split (``val`` or ``test``) in batches; the last one may be smaller."""

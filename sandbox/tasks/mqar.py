@@ -73,6 +73,7 @@ class MQARConfig:
     distance: int = 0                     # > 0: the queries' distance behind their pairs (module docstring)
     val_examples: int = 1024
     test_examples: int = 1024
+    train_examples: int | None = None     # a fixed training set of this many examples, revisited each epoch
 
     def __post_init__(self):
         kv, V = self.num_kv_pairs, self.vocab_size
@@ -100,8 +101,8 @@ class MQARConfig:
             raise ValueError(f"power_a: must be in (0, 1], got {self.power_a}")
         if self.noise_vocab_size is not None and self.noise_vocab_size < 1:
             raise ValueError(f"noise_vocab_size: must be >= 1, got {self.noise_vocab_size}")
-        for name in ("val_examples", "test_examples"):
-            if getattr(self, name) < 1:
+        for name in ("val_examples", "test_examples", "train_examples"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
 
     def _check_distance(self):
@@ -138,6 +139,7 @@ class MQAR(Task):
         self.max_targets = cfg.num_kv_pairs                      # scored positions per example
         self.chance = 1 / cfg.num_kv_pairs
         self.split_sizes = {"val": cfg.val_examples, "test": cfg.test_examples}
+        self.train_examples = cfg.train_examples
         # rows one generator call should make at most: its largest temporaries are [rows, V/2] float64
         # tables on the CPU (kept near 32 MB each), [rows, seq_len] int64 on a GPU, where the key and value
         # draws need no table (kept near 256 MB: few calls, few launches)

@@ -297,7 +297,7 @@ class Step:
             return logits, y, (aux if aux is not None else logits.new_zeros((), dtype=torch.float32))
 
         dim = 0 if x.dim() == 3 else None
-        logits, y, aux = torch.func.vmap(one, in_dims=(0, 0, dim, dim))(params, buffers, x, y)
+        logits, y, aux = torch.func.vmap(one, in_dims=(0, 0, dim, dim), randomness="different")(params, buffers, x, y)
         # The loss over all replicas at once, outside vmap (one op over all rows; under vmap, torch's loss had
         # picked each target's logit in its backward by a scatter into a zero tensor the size of the logits).
         nll = cross_entropy(logits, y)

@@ -1,0 +1,47 @@
+"""Named recipes fill the settings a published protocol fixes together; the config's own keys win."""
+import pytest
+import torch
+
+from sandbox.config import ConfigError, load_config
+from sandbox.model import LanguageModel
+from sandbox.tasks import make_task
+
+# Zoology's Figure 2 configs: 100,000 training examples, 64 epochs, batch by sequence length
+ZOOLOGY = {64: (512, 12_500), 128: (512, 12_500), 256: (256, 25_000), 512: (128, 50_000)}
+
+
+@pytest.mark.parametrize("seq_len", sorted(ZOOLOGY))
+def test_zoology_recipe_matches_the_published_configs(seq_len):
+    pairs = {64: 4, 128: 8, 256: 16, 512: 64}[seq_len]
+    c = load_config(data={"task": {"name": "mqar", "seq_len": seq_len, "num_kv_pairs": pairs},
+                          "train": {"recipe": "zoology"}})
+    assert (c.train.batch_size, c.train.steps) == ZOOLOGY[seq_len]
+    assert c.train.betas == [0.9, 0.999] and c.train.weight_decay == 0.1 and c.train.warmup_frac == 0.0
+    assert c.train.precision == "fp32" and c.model.dropout == 0.1
+    assert (c.task.params.train_examples, c.task.params.test_examples) == (100_000, 3000)
+    assert c.train.recipe == "zoology"
+
+
+def test_keys_written_in_the_config_or_set_win_over_the_recipe():
+    c = load_config(data={"task": {"name": "mqar", "seq_len": 512, "num_kv_pairs": 64},
+                          "train": {"recipe": "zoology", "batch_size": 256}},
+                    overrides=["model.dropout=0.0"])
+    assert c.train.batch_size == 256 and c.train.steps == 64 * 100_000 // 256   # the epochs follow the batch
+    assert c.model.dropout == 0.0
+
+
+def test_an_unknown_recipe_is_one_line_naming_the_key():
+    with pytest.raises(ConfigError, match=r"train\.recipe: unknown recipe 'nope' \(known: .*zoology"):
+        load_config(data={"task": {"name": "mqar"}, "train": {"recipe": "nope"}})
+
+
+def test_dropout_acts_in_training_only():
+    c = load_config(data={"task": {"name": "mqar", "seq_len": 32, "num_kv_pairs": 4, "vocab_size": 64},
+                          "model": {"mixer": "attention", "d_model": 32, "dropout": 0.5}})
+    task = make_task(c.task.params)
+    torch.manual_seed(0)
+    model = LanguageModel(c.model, task.vocab_size, task.seq_len)
+    x, _ = task.sample(4, "train", 0)
+    assert not torch.equal(model(x), model(x))               # a new mask each forward
+    model.eval()
+    assert torch.equal(model(x), model(x))
