@@ -67,10 +67,6 @@ def conv(cfg):
     return cfg.model.options(m).conv_size if has_conv(m) else None
 
 
-def test_every_figure_sweep_file_is_listed_here():
-    assert set(PATHS) == set(FILES)
-
-
 @pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: p.name)
 def test_every_sweep_file_validates_and_lists_its_trials(path):
     s = load_sweep(path)
