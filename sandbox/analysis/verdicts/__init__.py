@@ -60,11 +60,11 @@ def _sweep_source(sweep_dir: Path) -> Path | None:
     return Path(source) if source else None
 
 
-def _load(folder: Path, study: str) -> ModuleType:
+def _load(folder: Path, study: str, sweep_dir="a sweep directory") -> ModuleType:
     """The figure's ``verdict.py``, loaded by path, once its sweep files are found to name ``study``."""
     studies = {yaml.safe_load(p.read_text()).get("name") for p in sorted(folder.glob("*.yaml"))}
     if study not in studies:
-        raise ValueError(f"sweep_dir: holds sweep {study!r}, but the sweep files of {folder} name "
+        raise ValueError(f"sweep_dir: {sweep_dir} holds sweep {study!r}, but the sweep files of {folder} name "
                          f"{', '.join(sorted(map(str, studies))) or 'no study'}")
     path = (folder / "verdict.py").resolve()
     if path not in _MODULES:
@@ -94,7 +94,7 @@ def runs_of(path) -> list[Path]:
 
 def verdicts(*sweep_dirs, figure=None) -> list[Claim]:
     t = Table(*sweep_dirs)
-    module = _load(figure_folder(t.dir, figure), t.name)
+    module = _load(figure_folder(t.dir, figure), t.name, t.dir)
     return [f(t) for f in module.CLAIMS]
 
 
@@ -103,7 +103,7 @@ def picture_runs(sweep_dir, figure=None) -> list[tuple[str, int, Path | None]]:
     per variant of the figure's ``PICTURE_RUNS`` and seed, the run of the best learning rate."""
     t = Table(Path(sweep_dir))
     folder = figure_folder(t.dir, figure)
-    module = _load(folder, t.name)
+    module = _load(folder, t.name, t.dir)
     runs = getattr(module, "PICTURE_RUNS", {})
     if t.name not in runs:
         raise ValueError(f"sweep_dir: {sweep_dir} holds sweep {t.name!r}, for which {folder}/verdict.py names no "
