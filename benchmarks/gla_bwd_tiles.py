@@ -3,7 +3,7 @@ chunked form, one case per process (a miscompiled case can fault with an illegal
 CUDA context).  Triton 3.6 on Hopper miscompiled ``_bwd_chunk`` whenever BV > BK (4 warps): dq and dg wrong,
 NaN or +-3e38, or an illegal address; ``_bwd_tiles`` now keeps BV <= BK.  Rerun this after a Triton upgrade
 (a case that forces BV > BK shows whether the compiler still needs the rule).  Heads of at most 16 values
-with one K tile read out of range at 4 warps once a chunk decays past exp(40) (session 52); ``_bwd_warps``
+with one K tile read out of range at 4 warps once a chunk decays past exp(40) (8a0b280); ``_bwd_warps``
 launches them with 2: the cases forced to 4 warps there show whether that rule is still needed.
 
     python benchmarks/gla_bwd_tiles.py                      # the matrix below, one line per case

@@ -5,7 +5,7 @@ and ``--channels C``: a stack of R GLA runs at d_model C / 2, whose projection i
     python benchmarks/short_conv_speed.py [--replicas 9] [--channels 256] [--ref CHECKOUT] [--tiles BT,BC,WARPS ...]
         [--out FILE.json]
 
-(with the device runner: ``export PYTHONPATH=$PWD`` first; ``--ref .ref/COMMIT`` carried with the call)
+(through `benchmarks/device.sh script short_conv_speed`, or with ``export PYTHONPATH=$PWD``; ``--ref .ref/COMMIT``)
 
 Times (median ms, triton's do_bench): the forward, the backward of this checkout (and of ``--ref``'s, a checkout
 directory, loaded from its file in the same process), the backward at each ``--tiles`` setting, and a bf16 copy of
@@ -77,7 +77,7 @@ def main():
             "ref_short_conv", Path(a.ref) / "sandbox/kernels/triton_short_conv.py")
         old = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(old)
-        pieces = "dys" in inspect.signature(old.short_conv_grad_triton).parameters   # the API since session 54
+        pieces = "dys" in inspect.signature(old.short_conv_grad_triton).parameters   # the API since 2d3b3a4
         ms["backward_ref"] = bench(lambda: old.short_conv_grad_triton([dy] if pieces else dy, x, w))
         odx, odw = old.short_conv_grad_triton([dy] if pieces else dy, x, w)
         err["dx_ref"], err["dw_ref"] = rel(odx, dx_ref), rel(odw, dw_ref)

@@ -68,7 +68,7 @@ def test_a_sweeps_kinds_of_stack_and_their_counts_match_its_grid(tmp_path):
     the runner stacks a grid point's 9 (seeds x rates), and zero and noise tokens cost the same, so 6 kinds of
     18 trials in 2 stacks of 9. A sweep whose two points differ in width has two kinds."""
     from sandbox.bench.estimate import sweep_kinds
-    kinds = sweep_kinds(str(ROOT / "sweeps" / "sse_fig8_topk.yaml"))
+    kinds = sweep_kinds(str(ROOT / "figures" / "sse_fig8_topk" / "sse_fig8_topk.yaml"))
     assert [(k["trials"], k["stacks"], k["replicas"]) for k in kinds] == [(18, 2, 9)] * 6
     assert sorted(k["name"] for k in kinds)[0] == "gla_d128_T320_conv_size4"
     f = tmp_path / "s.yaml"
@@ -94,14 +94,14 @@ def test_kinds_that_differ_only_in_settings_their_name_leaves_out_are_named_apar
     assert sorted((k["name"], k["trials"]) for k in kinds) == [
         ("gla_d32_T32_n_heads1", 8), ("gla_d32_T32_n_heads2", 8), ("gla_d64_T32_n_heads1", 8),
         ("gla_d64_T32_n_heads2", 8)]
-    assert len({k["name"] for k in sweep_kinds(str(ROOT / "sweeps" / "sse_ablations.yaml"))}) == 6
+    assert len({k["name"] for k in sweep_kinds(str(ROOT / "figures" / "sse_ablations" / "sse_ablations.yaml"))}) == 6
 
 
 def test_an_unknown_kind_is_refused_with_the_sweeps_kinds_before_any_gpu_work(capsys):
     """``--kinds`` names kinds as estimate.md does; a name the sweep lacks stops the command (exit 2) with
     the kinds it has, on any machine, before anything trains."""
     from sandbox.bench.train import main_train
-    f = str(ROOT / "sweeps" / "sse_fig8_topk.yaml")
+    f = str(ROOT / "figures" / "sse_fig8_topk" / "sse_fig8_topk.yaml")
     assert main_train(["--sweep", f, "--kinds", "gla_d128_T320_conv_size4,gla_d999"]) == 2
     err = capsys.readouterr().err
     assert "no kind gla_d999" in err and "gsa_d128_T320_topk16_conv_size4_num_slots64" in err

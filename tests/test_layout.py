@@ -103,3 +103,37 @@ def test_the_checker_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
     assert g["sandbox.kernels.a"] == {"sandbox.kernels", "sandbox.kernels.b"}
     assert find_cycles(g) == ["sandbox.kernels.a -> sandbox.kernels.b -> sandbox.kernels.a"]
     assert upward_imports(g) == ["sandbox.kernels.b -> sandbox.train"]
+
+
+# ---- the figures: one folder each, and a library that names none ------------------------------------------
+
+FIGURES = ROOT.parent / "figures"
+FIGURE_NAMES = ("sse_fig8", "zoology_fig2", "sla_heads", "sse_ablations", "sse_state_scaling")
+
+
+def figure_folders() -> list[Path]:
+    return sorted(p for p in FIGURES.iterdir() if p.is_dir())
+
+
+def test_every_figure_folder_has_a_readme_sweep_files_and_verdict_code_that_loads():
+    from sandbox.analysis.verdicts import _load
+    from sandbox.sweep.spec import load_sweep
+    assert [p.name for p in figure_folders()] == ["sla_heads", "sse_ablations", "sse_fig8_topk", "sse_state_scaling",
+                                                  "zoology_fig2"]
+    for folder in figure_folders():
+        assert (folder / "README.md").is_file(), folder
+        sweeps = sorted(folder.glob("*.yaml"))
+        assert sweeps, f"{folder}: no sweep file"
+        for path in sweeps:
+            spec = load_sweep(path)
+            assert spec.points(), path
+            module = _load(folder, spec.name)
+            assert all(callable(f) for f in module.CLAIMS), folder
+            assert set(getattr(module, "PICTURE_RUNS", {})) <= {load_sweep(p).name for p in sweeps}, folder
+
+
+def test_the_library_names_no_figure():
+    hits = [f"{path.relative_to(ROOT.parent)}:{n}" for path in sorted(ROOT.rglob("*"))
+            if path.is_file() and path.suffix in (".py", ".md", ".yaml", ".txt")
+            for n, line in enumerate(path.read_text().splitlines(), 1) if any(f in line for f in FIGURE_NAMES)]
+    assert not hits, "sandbox/ names a figure (its code belongs in figures/NAME/):\n" + "\n".join(hits)

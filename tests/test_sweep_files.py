@@ -1,5 +1,5 @@
-"""The committed sweep files: every YAML in sweeps/ validates and lists its trials, and the
-figure sweeps of issue 21 hold the protocol their headers and results/README.md state.
+"""The committed sweep files: every YAML in sweeps/ and figures/*/ validates and lists its trials, and the
+figures' sweeps hold the protocol their headers and figures/NAME/README.md state.
 
 References are written out here, independently of the files: top-k as a quarter of the key rows
 (GLA and MetaLA: d_model / 2 / heads rows, GSA: its 64 slots), the (n, k) pairs of Figure 7, the
@@ -24,7 +24,10 @@ import torch
 from sandbox.mixers import mixer_config_class
 from sandbox.sweep.spec import load_sweep
 
-SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
+ROOT = Path(__file__).resolve().parent.parent
+SWEEPS = ROOT / "sweeps"
+PATHS = {p.stem: p for p in sorted((ROOT / "figures").glob("*/*.yaml"))}      # a figure's sweep files
+ALL_FILES = sorted(SWEEPS.glob("*.yaml")) + list(PATHS.values())
 FIGURES = {          # figure (= study name) -> its sweep files, in the order they are run
     "sse_fig8_topk": ["sse_fig8_topk", "sse_fig8_topk_widths"],
     "sse_state_scaling": ["sse_state_scaling"],
@@ -41,7 +44,7 @@ SEEDS = {"sse_fig8_topk": [0, 1, 2], "sse_fig8_topk_widths": [0], "sse_state_sca
 
 @functools.lru_cache(maxsize=None)
 def spec(name):
-    return load_sweep(SWEEPS / f"{name}.yaml")
+    return load_sweep(PATHS[name])
 
 
 @functools.lru_cache(maxsize=None)
@@ -64,7 +67,7 @@ def conv(cfg):
     return cfg.model.options(m).conv_size if has_conv(m) else None
 
 
-@pytest.mark.parametrize("path", sorted(SWEEPS.glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: p.name)
 def test_every_sweep_file_validates_and_lists_its_trials(path):
     s = load_sweep(path)
     points = s.points()
@@ -72,7 +75,7 @@ def test_every_sweep_file_validates_and_lists_its_trials(path):
     assert len({p.point_id for p in points}) == len(points)
 
 
-@pytest.mark.parametrize("path", sorted(SWEEPS.glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: p.name)
 def test_no_sweep_file_recommends_packing_many_workers_on_a_gpu(path):
     counts = [int(n) for n in re.findall(r"--workers-per-gpu\s+(\d+)", path.read_text())]
     assert all(n < 8 for n in counts), "the runner chooses its own packing; write the plain command"
@@ -83,7 +86,7 @@ def test_no_sweep_file_recommends_packing_many_workers_on_a_gpu(path):
 @pytest.mark.parametrize("name", FILES)
 def test_figure_sweeps_state_their_size_and_train_as_the_issue_asks(name):
     s = spec(name)
-    header = (SWEEPS / f"{name}.yaml").read_text()
+    header = PATHS[name].read_text()
     stated = int(re.search(r"^# trials: (\d+)", header, re.M).group(1))
     expected = math.prod(len(rows) for _, rows in s.axes) * math.prod(len(v) for v in s.tune_lists.values())
     assert len(s.points()) == expected == stated
@@ -96,7 +99,8 @@ def test_figure_sweeps_state_their_size_and_train_as_the_issue_asks(name):
     shapes = Counter(stack_key(cfg) for _, cfg in configs(name))
     assert processes == sum(math.ceil(n / group_size(s)) for n in shapes.values())
     assert "GPU-minutes" in header
-    assert re.search(rf"^#   sandbox sweep sweeps/{name}\.yaml( +#.*)?$", header, re.M)   # the plain command
+    folder = PATHS[name].parent.name
+    assert re.search(rf"^#   sandbox sweep figures/{folder}/{name}\.yaml( +#.*)?$", header, re.M)   # the plain command
     assert list(s.tune_lists) == ["train.lr"] and not s.tune_ranges
     assert len(s.tune_lists["train.lr"]) == (4 if name.startswith("zoology") else 3)
     for _, cfg in configs(name):

@@ -1,12 +1,25 @@
-"""`sandbox verdict`: the fixed criteria of results/README.md computed from a sweep's rows, against outcomes
-built into synthetic results by construction."""
+"""`sandbox verdict`: the fixed criteria of figures/NAME/README.md, computed by each figure's own verdict.py from a
+sweep's rows, against outcomes built into synthetic results by construction; and how a sweep directory finds its
+figure's code."""
 import csv
 import itertools
+import json
+from pathlib import Path
 
 import pytest
 import yaml
 
 from sandbox.analysis.verdicts import Cell, Table, verdicts
+
+FIGURES = Path(__file__).resolve().parent.parent / "figures"
+FOLDER = {"sse_fig8_topk": "sse_fig8_topk", "sse_state_scaling": "sse_state_scaling",
+          "sse_state_scaling_conv": "sse_state_scaling", "sse_ablations": "sse_ablations", "sla_heads": "sla_heads",
+          "zoology_fig2": "zoology_fig2"}
+
+
+def record_source(d, name):
+    """As `sandbox sweep figures/FOLDER/NAME.yaml` leaves its directory: sweep.json names the sweep file."""
+    (d / "sweep.json").write_text(json.dumps({"study": name, "source": str(FIGURES / FOLDER[name] / f"{name}.yaml")}))
 
 MIXERS = ("gla", "metala", "gsa")
 SETTINGS = ((192, 0), (0, 192))
@@ -20,6 +33,7 @@ def write(tmp_path, cells):
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(
         {"name": "sse_fig8_topk", "base": {"task": {"name": "mqar", "num_kv_pairs": 16}}}))
+    record_source(tmp_path, "sse_fig8_topk")
     rows = []
     for (mixer, (gap, noise), d, topk, conv), accs in cells.items():
         for seed, acc in enumerate(accs):
@@ -65,7 +79,7 @@ def test_claim_a_holds_with_five_pairs_top_k_better(tmp_path):
 
 def test_claim_a_with_two_pairs_missing_lists_what_is_still_possible(tmp_path):
     """Two top-k better, two neither (signal), two not run: 'holds' is out of reach; a GSA pair top-k better
-    makes it inconclusive, none does not hold (Figure 8 part 1 as of session 10)."""
+    makes it inconclusive, none does not hold (Figure 8 part 1 part way, 2026-11-23)."""
     only = {("metala", s): ([0.3, 0.5, 0.8], [0.03, 0.04, 0.03]) for s in SETTINGS}
     only.update({("gsa", s): (None, None) for s in SETTINGS})
     a = verdicts(write(tmp_path, pairs([0.9, 0.95, 0.99], [0.01, 0.5, 0.0], only=only)))[0]
@@ -112,8 +126,37 @@ def test_conv_off_sign_survives_or_changes(tmp_path):
 def test_a_sweep_without_criteria_is_a_clear_error(tmp_path):
     write(tmp_path, {})
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({"name": "other", "base": {"task": {"num_kv_pairs": 8}}}))
-    with pytest.raises(ValueError, match="has no criteria"):
+    with pytest.raises(ValueError, match="holds sweep 'other', but the sweep files of .*sse_fig8_topk name "
+                                         "sse_fig8_topk$"):
         verdicts(tmp_path)
+    (tmp_path / "sweep.json").unlink()
+    with pytest.raises(ValueError, match="has no figure code.*pass --figure figures/NAME"):
+        verdicts(tmp_path)
+
+
+def test_a_sweep_directory_finds_its_figure_beside_its_sweep_file_in_itself_or_by_figure(tmp_path):
+    """The same rows judged through the three ways to the figure's code give the same claims, and the committed
+    run of Figure 8 gives the verdicts its README states."""
+    cells = pairs([0.9, 0.91, 0.92], [0.3, 0.31, 0.32])
+    by_source = verdicts(write(tmp_path / "a", cells))
+    (tmp_path / "a" / "sweep.json").unlink()
+    by_flag = verdicts(tmp_path / "a", figure=FIGURES / "sse_fig8_topk")
+    inside = tmp_path / "fig" / "run"                    # a figure folder holding its run one folder down
+    write(inside, cells).joinpath("sweep.json").unlink()
+    (tmp_path / "fig" / "verdict.py").write_text((FIGURES / "sse_fig8_topk" / "verdict.py").read_text())
+    (tmp_path / "fig" / "part1.yaml").write_text("name: sse_fig8_topk\n")
+    by_folder = verdicts(inside)
+    assert [c.items for c in by_flag] == [c.items for c in by_source] == [c.items for c in by_folder]
+    assert [c.verdict() for c in verdicts(FIGURES / "sse_fig8_topk" / "run")] == ["does not hold", "holds", "inconclusive"]
+
+
+def test_verdict_of_a_figure_folder_judges_each_of_its_runs(capsys):
+    from sandbox.cli import main
+    assert main(["verdict", str(FIGURES / "sse_state_scaling")]) == 0
+    out = capsys.readouterr().out
+    assert out.index("## conv") < out.index("## no_conv")
+    assert out.count("**3: k = n is like GLA") == 2
+    assert "**3: k = n is like GLA with conv (3 seeds)**: holds" in out
 
 
 def write_rows(tmp_path, name, num_kv_pairs, cells):
@@ -121,6 +164,7 @@ def write_rows(tmp_path, name, num_kv_pairs, cells):
     worse learning rate."""
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(
         {"name": name, "base": {"task": {"name": "mqar", "num_kv_pairs": num_kv_pairs}}}))
+    record_source(tmp_path, name)
     cols = sorted(set().union(*(g.keys() for g, _ in cells)))
     with open(tmp_path / "results.csv", "w", newline="") as f:
         w = csv.writer(f)
@@ -326,8 +370,8 @@ def test_inspect_a_sweep_draws_the_state_pictures_of_each_variants_best_run(tmp_
     for r in rows:       # as after a sweep whose calls ran on different machines: top-k's checkpoints are gone
         if r["model.gla.topk"] == "8":
             (out / r["run_dir"] / "checkpoint.pt").unlink()
-    assert main(["inspect", str(out)]) == 0
-    moved = tmp_path / "results" / "sse_state_scaling"       # as results/<figure>/ holds it: the runs named
+    assert main(["inspect", str(out), "--figure", str(FIGURES / "sse_state_scaling")]) == 0
+    moved = tmp_path / "figures" / "sse_state_scaling"       # as figures/<figure>/ holds it: the runs named
     moved.parent.mkdir()                                     # relative to the sweep directory still resolve
     out = out.rename(moved)
     for variant, match in (("gla", lambda r: r["model.mixer"] == "gla" and r["model.gla.topk"] in ("", "None")),
@@ -347,7 +391,7 @@ def test_inspect_a_sweep_draws_the_state_pictures_of_each_variants_best_run(tmp_
                 assert acc[(out / summary["run_dir"]).resolve()] == max(acc.values())  # one of this cell's runs
             assert summary["layers"]["0"]["row_similarity"] is not None
             assert bool(list(got.glob("*.png"))) == (seed == 0)
-    claims = verdicts(out)
+    claims = verdicts(out, figure=FIGURES / "sse_state_scaling")
     assert len(claims) == 6 and all(not c.verdict().startswith("open") for c in claims[3:])
 
 

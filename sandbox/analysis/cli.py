@@ -8,7 +8,7 @@ def cmd_inspect(args) -> int:
     from sandbox.analysis.report import inspect_run, inspect_sweep
     if (Path(args.run_dir) / "sweep.yaml").is_file():        # a figure's sweep: its state pictures
         return 0 if inspect_sweep(args.run_dir, device=args.device, batches=args.batches,
-                                  batch_size=args.batch_size) else 1
+                                  batch_size=args.batch_size, figure=args.figure) else 1
     inspect_run(args.run_dir, layer=args.layer, batches=args.batches, batch_size=args.batch_size,
                 tsne=args.tsne, out=args.out, device=args.device, tensorboard=not args.no_tensorboard)
     return 0
@@ -22,8 +22,13 @@ def cmd_plot(args) -> int:
 
 
 def cmd_verdict(args) -> int:
-    from sandbox.analysis.verdicts import verdicts
-    print("\n\n".join(c.markdown() for c in verdicts(*args.sweep_dir)))
+    from sandbox.analysis.verdicts import runs_of, verdicts
+    runs = runs_of(args.sweep_dir[0]) if len(args.sweep_dir) == 1 else args.sweep_dir
+    if len(args.sweep_dir) == 1 and len(runs) > 1:     # a figure folder with several runs: each judged alone
+        print("\n\n".join(f"## {r.name}\n\n" + "\n\n".join(c.markdown() for c in verdicts(r, figure=args.figure))
+                          for r in runs))
+    else:
+        print("\n\n".join(c.markdown() for c in verdicts(*runs, figure=args.figure)))
     return 0
 
 
@@ -39,6 +44,8 @@ def add_cli(sub) -> None:
     p.add_argument("run_dir", help="a run directory written by `sandbox train` (holds checkpoint.pt), or a "
                                    "figure's sweep directory: the state pictures of the runs its criteria name, "
                                    "into SWEEP_DIR/state_pictures/")
+    p.add_argument("--figure", help="the figure folder whose verdict.py names the state pictures (PICTURE_RUNS), "
+                                    "where the sweep directory does not find it (see `sandbox verdict --help`)")
     p.add_argument("--layer", type=int, help="only this layer (default: all)")
     p.add_argument("--batches", type=int, default=4, help="test batches to run (default 4)")
     p.add_argument("--batch-size", type=int, default=64, help="examples per batch (default 64)")
@@ -64,9 +71,11 @@ def add_cli(sub) -> None:
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("verdict", help="a figure's claims judged by the criteria fixed before it ran "
-                                       "(results/README.md), from its sweep directory")
-    p.add_argument("sweep_dir", nargs="+", help="a figure's sweep directory, e.g. results/sse_fig8_topk, or the "
-                   "directories its parts ran into (their trials pooled)")
+                                       "(figures/NAME/README.md), from its sweep directory")
+    p.add_argument("sweep_dir", nargs="+", help="a figure's sweep directory, e.g. figures/NAME or "
+                   "sweeps_out/NAME, or the directories its parts ran into (their trials pooled)")
+    p.add_argument("--figure", help="the figure folder (figures/NAME) whose verdict.py judges the sweep; by default "
+                   "the sweep directory or the folder above it, else the folder of the sweep file it ran from")
     p.set_defaults(func=cmd_verdict)
 
     p = sub.add_parser("compare", help="train two variants over several seeds; interval and Welch t-test",

@@ -227,18 +227,20 @@ def inspect_run(run_dir, layer: int | None = None, batches: int = 4, batch_size:
     return summary
 
 
-def inspect_sweep(sweep_dir, device: str = "cpu", batches: int = 4, batch_size: int = 64, log=print) -> list[Path]:
-    """A figure's state pictures from the checkpoints its sweep trained (``verdicts.PICTURE_RUNS``): each
+def inspect_sweep(sweep_dir, device: str = "cpu", batches: int = 4, batch_size: int = 64, log=print,
+                  figure=None) -> list[Path]:
+    """A figure's state pictures from the checkpoints its sweep trained (the ``PICTURE_RUNS`` of the figure's
+    ``verdict.py``, found as ``sandbox verdict`` finds it, or in the folder ``figure``): each
     variant's best learning rate per seed, inspected into SWEEP_DIR/state_pictures/<variant>-seed<s>/, with
     the pictures drawn for seed 0 and the numbers for every seed. Returns the folders written; a run whose
-    cell has not finished is named and skipped. A run whose checkpoint is gone (sweep directories travel
-    without them, and a sweep's calls may land on different machines) is trained again from the
+    cell has not finished is named and skipped. A run whose checkpoint is gone (sweep directories are copied
+    without them, and a sweep spread over machines leaves each checkpoint where it trained) is trained again from the
     configuration its result.json recorded, same seed, into state_pictures/<variant>-seed<s>/run/ (the
     seeds of a variant as one stack), and its summary.json names the original run and both accuracies. Runs
     are named relative to SWEEP_DIR."""
     from sandbox.analysis.verdicts import picture_runs
     written, skipped, runs = [], [], []
-    for variant, seed, run_dir in picture_runs(sweep_dir):
+    for variant, seed, run_dir in picture_runs(sweep_dir, figure):
         name = f"{variant}-seed{seed}"
         if run_dir is None or not (run_dir / "result.json").is_file():
             skipped.append(f"{name} (no finished trial)")
@@ -250,7 +252,7 @@ def inspect_sweep(sweep_dir, device: str = "cpu", batches: int = 4, batch_size: 
         log(f"{out.name}: {ckpt_dir}")
         inspect_run(ckpt_dir, batches=batches, batch_size=batch_size, out=out, device=device, tensorboard=False,
                     log=log, pictures=seed == 0)
-        # the runs are named relative to the sweep directory, which is copied elsewhere (results/<figure>/)
+        # the runs are named relative to the sweep directory, which is copied elsewhere (figures/NAME/)
         path = out / "summary.json"
         summary = json.loads(path.read_text())
         summary["run_dir"] = _within(ckpt_dir, sweep_dir)

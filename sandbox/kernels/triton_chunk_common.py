@@ -187,7 +187,7 @@ def _bwd_tiles(K: int, V: int):
     dk, dv, fp32 inputs and the interpreter are right.  GLA's K is V / 2, so every GLA head with K < 64 had
     BV > BK: (16, 32) at d_model 64 with 2 heads gave a NaN loss in the first steps, and (32, 64) at
     d_model 128 trained on a dq off by 70%.  The 32 x 64 tiles that failed the strong-decay check at
-    K = V = 128 in session 5 were the same case.  On an H100: 16 x 32, 16 x 64 and 32 x 64 failed;
+    K = V = 128 (2026-11-21, aa11825) were the same case.  On an H100: 16 x 32, 16 x 64 and 32 x 64 failed;
     16 x 16, 32 x 32, 64 x 64, 32 x 16 and 64 x 32 passed (benchmarks/gla_bwd_tiles.py reruns the matrix;
     tests/test_gla_small_heads.py checks the GLA head shapes on a GPU)."""
     bk, bv = _par_tiles(K, V)
@@ -199,7 +199,7 @@ def _bwd_warps(K: int, V: int) -> int:
     with one K tile (16-wide V tile, K <= 64).  With 4 warps there, bf16 inputs and the diagonal gate,
     Triton 3.6 on the H200 reads shared memory out of range whenever a chunk decays past exp(LIM) (the
     column-block intra part: compute-sanitizer names the ``ke`` line of ``_intra_dq``): "illegal memory
-    access" at K 8 to 64 with V 16 (GLA at d_model 256 with 16 heads, ``sla_heads``); K 128 (two K tiles),
+    access" at K 8 to 64 with V 16 (GLA at d_model 256 with 16 heads, as in SLA Figure 2); K 128 (two K tiles),
     V 32, fp32 inputs and the scalar gate are right.  2 and 8 warps are right there; 2 costs 1.09x the
     4-warp time at a weak decay (B 8192, T 320, K = V = 16), 8 costs 1.6x (``results/throughput/v16_warps.txt``)."""
     return 2 if V <= 16 and K <= 64 else 4
@@ -211,7 +211,7 @@ def _bwd_warps(K: int, V: int) -> int:
 def tile_and_row(n_tiles):
     """A program of a flat grid as (tile, row), the ``n_tiles`` tiles of a row adjacent: the order of a
     ``(n_tiles, rows)`` grid. A grid's second and third axes hold at most 65,535 programs, and rows (sequences x
-    heads) pass that in a stacked evaluation: 12 replicas x 512 sequences x 16 heads (``sla_heads``) failed to
+    heads) pass that in a stacked evaluation: 12 replicas x 512 sequences x 16 heads (SLA Figure 2) failed to
     launch with "invalid argument"; the first axis holds 2**31 - 1."""
     pid = tl.program_id(0)
     return pid % n_tiles, pid // n_tiles

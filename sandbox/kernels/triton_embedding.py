@@ -5,7 +5,7 @@ the float32 rows of a stack of 9 Figure 8 runs at about 0.85 TB/s on the H200: 0
 
 Adding tiles' sums into the table with atomics made the result depend on the order the tiles
 finished, so the same run trained twice on a GPU gave different bits, and at the edge of learning
-different accuracies (results/sse_state_scaling_conv/README.md). Here the order of every sum is
+different accuracies (a repeated trial of SSE Figure 7, figures/). Here the order of every sum is
 fixed:
 
 1. the ids are sorted (stably), so each token's positions form one run. The keys are the narrowest

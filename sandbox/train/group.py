@@ -51,7 +51,7 @@ def use_compile(setting, device: torch.device, model) -> bool:
     """``train.compile``: true compiles from the first step; auto = true on CUDA when every mixer is graph-safe
     (has static shapes). Never from a later step: compiled and eager steps round differently, so a run that
     switched at a step set by timing (when a helper's compilation was ready, whether the caches were warm) gave
-    other accuracies in a rerun of the same sweep (results/sse_fig8_topk/, the third run)."""
+    other accuracies in a rerun of the same sweep (SSE Figure 8 run a third time, d7d7e43)."""
     if setting == "auto":
         return device.type == "cuda" and graph_safe(model)
     return bool(setting)

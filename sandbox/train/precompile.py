@@ -14,7 +14,7 @@ is warm already, or queued in another live helper, are left out. A process runs 
 ``HELPERS`` helpers at once, the stacks dealt to them in turn; each works through its list in order and exits
 when its parent does. One helper could not keep up with short stacks: a cold compilation takes 24-37 s on the
 H200, as long as a stack of 3 d64-d128 Figure 8 runs trains (14-19 s), so in part 2 of Figure 8 about half the
-stacks started before theirs was ready (simulated from each kind's measured times, results/sse_fig8_topk/:
+stacks started before theirs was ready (simulated from each kind's measured times:
 19.9 GPU-minutes with one helper, 18.9 with two, 18.4 if every stack started warm). Measured with the real
 runner over part 2's first 180 s from empty caches: two helpers 1.08x the trial-steps of one
 (results/sweep_packing/).

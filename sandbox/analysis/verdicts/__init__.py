@@ -1,46 +1,118 @@
 """``sandbox verdict SWEEP_DIR [SWEEP_DIR ...]``: a figure's claims judged by the criteria fixed before it ran (from
 one directory, or from its parts' directories pooled).
 
-The criteria are the ones written in ``results/README.md`` before any trial of the figure ran; this
-module only computes them, so that a verdict is one command on the committed ``results.csv`` instead
-of arithmetic by hand. A claim's outcome is decided from its cells (mean and sample sd over seeds of
-each seed's best accuracy over the tuned learning rates). Where cells are still missing (a sweep part
-way), every way the missing ones could come out is tried: the verdict is printed when all of them
-agree ("settled"), else the possible verdicts.
+A figure is a folder of its own (``figures/NAME/``): its README states the claims and the criteria, fixed before
+any trial ran; its sweep files carry the study's ``name``; its ``verdict.py`` computes the criteria and exposes
+``CLAIMS``, the functions of a :class:`Table` that each return a :class:`Claim`, and, where the figure has state
+pictures, ``PICTURE_RUNS`` ({study name: ((variant, {grid key: value}), ...)}) and ``PICTURE_SEEDS``. The library
+names no figure; a sweep directory finds its figure's code
 
-Terms (``results/README.md``, "Protocol common to all figures"): a mean is at **chance** below
-2 / pairs and at the **ceiling** from 0.99; **a beats b** when mean(a) - mean(b) >= 0.03 and > 2 s (s:
-the larger sd) and a is not at chance; a comparison has **no signal** when both sides are at chance or
-both at the ceiling.
+- in itself or in the folder above it (``figures/NAME/`` holds its committed runs one folder down, e.g.
+  ``figures/NAME/run/``),
+- else beside the sweep file it was started from (``sweep.json``'s ``source``, which ``sandbox sweep`` writes),
+- or where ``figure`` says (``--figure figures/NAME``).
 
-One module per figure (its cells, claims and constants); ``claims.py`` holds the terms they share.
+A claim's outcome is decided from its cells (mean and sample sd over seeds of each seed's best accuracy over the
+tuned learning rates). Where cells are still missing (a sweep part way), every way the missing ones could come out
+is tried: the verdict is printed when all of them agree, else the possible verdicts. The terms the figures share
+(chance, ceiling, "a beats b", no signal) are ``claims.py``'s.
 """
 from __future__ import annotations
 
-import functools
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import yaml
 
 from sandbox.analysis.verdicts.claims import Cell, Claim, Table
-from sandbox.analysis.verdicts.sla import sla_heads, sla_heads_conv_off
-from sandbox.analysis.verdicts.sse_ablations import ablation_gates, ablation_keys, ablation_shared
-from sandbox.analysis.verdicts.sse_fig8 import fig8_conv_off, fig8_curves, fig8_pairs
-from sandbox.analysis.verdicts.sse_scaling import scaling_full, scaling_n, scaling_ratio
-from sandbox.analysis.verdicts.states import PICTURE_RUNS, STATE_METRICS, picture_runs, state_claim
-from sandbox.analysis.verdicts.zoology import zoo_attention, zoo_width
 
-__all__ = ["Cell", "Claim", "Table", "PICTURE_RUNS", "FIGURES", "picture_runs", "verdicts"]
-
-_STATES = tuple(functools.partial(state_claim, metric=m) for m in STATE_METRICS)
-FIGURES = {"sse_fig8_topk": (fig8_pairs, fig8_curves, fig8_conv_off),
-           "sse_state_scaling": (scaling_n, scaling_ratio, scaling_full, *_STATES),
-           "sse_state_scaling_conv": (scaling_n, scaling_ratio, scaling_full, *_STATES),
-           "sse_ablations": (ablation_keys, ablation_shared, ablation_gates),
-           "sla_heads": (sla_heads, sla_heads_conv_off),
-           "zoology_fig2": (zoo_attention, zoo_width)}
+__all__ = ["Cell", "Claim", "Table", "figure_folder", "picture_runs", "runs_of", "verdicts"]
 
 
-def verdicts(*sweep_dirs) -> list[Claim]:
+def figure_folder(sweep_dir, figure=None) -> Path:
+    """The folder holding the figure code of ``sweep_dir`` (see the module's docstring for where it is looked for)."""
+    if figure is not None:
+        folder = Path(figure)
+        if not (folder / "verdict.py").is_file():
+            raise ValueError(f"figure: {folder} has no verdict.py (a figure folder is figures/NAME/)")
+        return folder
+    d = Path(sweep_dir)
+    for folder in (d, d.resolve().parent):
+        if (folder / "verdict.py").is_file():
+            return folder
+    source = _sweep_source(d)
+    if source is not None and (source.parent / "verdict.py").is_file():
+        return source.parent
+    raise ValueError(f"sweep_dir: {d} has no figure code: no verdict.py in it or the folder above it, nor beside its "
+                     f"sweep file ({source or 'sweep.json names none'}); pass --figure figures/NAME")
+
+
+def _sweep_source(sweep_dir: Path) -> Path | None:
+    """The sweep file a sweep directory was started from, as ``sandbox sweep`` recorded it (relative paths are
+    taken from the current directory, as they were given)."""
+    meta = sweep_dir / "sweep.json"
+    if not meta.is_file():
+        return None
+    source = json.loads(meta.read_text()).get("source")
+    return Path(source) if source else None
+
+
+def _load(folder: Path, study: str, sweep_dir="a sweep directory") -> ModuleType:
+    """The figure's ``verdict.py``, loaded by path, once its sweep files are found to name ``study``."""
+    studies = {yaml.safe_load(p.read_text()).get("name") for p in sorted(folder.glob("*.yaml"))}
+    if study not in studies:
+        raise ValueError(f"sweep_dir: {sweep_dir} holds sweep {study!r}, but the sweep files of {folder} name "
+                         f"{', '.join(sorted(map(str, studies))) or 'no study'}")
+    path = (folder / "verdict.py").resolve()
+    if path not in _MODULES:
+        # registered under a name of its own while it runs (dataclasses and pickling look modules up by name)
+        spec = importlib.util.spec_from_file_location(f"_figure{len(_MODULES)}_{folder.resolve().name}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        if not getattr(module, "CLAIMS", None):
+            raise ValueError(f"{path}: defines no CLAIMS (the figure's claim functions)")
+        _MODULES[path] = module
+    return _MODULES[path]
+
+
+_MODULES: dict[Path, ModuleType] = {}
+
+
+def runs_of(path) -> list[Path]:
+    """The sweep directories ``path`` stands for: itself, or, for a figure folder, its runs one folder down (one
+    sweep directory each)."""
+    d = Path(path)
+    if (d / "sweep.yaml").is_file() or not d.is_dir():
+        return [d]
+    runs = sorted(p.parent for p in d.glob("*/sweep.yaml"))
+    return runs or [d]
+
+
+def verdicts(*sweep_dirs, figure=None) -> list[Claim]:
     t = Table(*sweep_dirs)
-    if t.name not in FIGURES:
-        raise ValueError(f"sweep_dir: {t.dir} holds sweep {t.name!r}, which has no criteria here "
-                         f"(known: {', '.join(sorted(FIGURES))})")
-    return [f(t) for f in FIGURES[t.name]]
+    module = _load(figure_folder(t.dir, figure), t.name, t.dir)
+    return [f(t) for f in module.CLAIMS]
+
+
+def picture_runs(sweep_dir, figure=None) -> list[tuple[str, int, Path | None]]:
+    """(variant, seed, run directory or None while that cell has no finished trial) of a figure's state pictures:
+    per variant of the figure's ``PICTURE_RUNS`` and seed, the run of the best learning rate."""
+    t = Table(Path(sweep_dir))
+    folder = figure_folder(t.dir, figure)
+    module = _load(folder, t.name, t.dir)
+    runs = getattr(module, "PICTURE_RUNS", {})
+    if t.name not in runs:
+        raise ValueError(f"sweep_dir: {sweep_dir} holds sweep {t.name!r}, for which {folder}/verdict.py names no "
+                         f"state pictures (PICTURE_RUNS)")
+    seeds = module.PICTURE_SEEDS
+    out = []
+    for variant, where in runs[t.name]:
+        best = t.best_rows(**where)
+        for seed in range(seeds):
+            row = best.get(seed)
+            out.append((variant, seed, row["sweep_dir"] / row["run_dir"] if row and row.get("run_dir") else None))
+    return out

@@ -56,7 +56,7 @@ class Table:
                              + ", ".join(f"{d}: {n['name']}" for d, n in names.items()) + "); pool only one figure's parts")
         spec = names[self.dir]
         self.name = spec["name"]
-        self.chance = 2 / spec["base"]["task"]["num_kv_pairs"]
+        self.chance = chance_level(spec["base"]["task"])
 
     def best_rows(self, **where) -> dict[int, dict]:
         """Per seed, the finished row matching ``where`` (dotted keys with ``__`` for ``.``) with the highest
@@ -119,6 +119,12 @@ class Claim:
         lines = [f"**{self.name}**: {self.verdict()}", ""]
         lines += [f"- {item}: {measured} -> {outcome or 'open'}" for item, measured, outcome in self.items]
         return "\n".join(lines)
+
+
+def chance_level(task: dict) -> float:
+    """The mean accuracy below which a cell of a sweep on ``task`` (its base task's settings) is at chance: twice
+    the rate of guessing among the pairs' values (MQAR)."""
+    return 2 / task["num_kv_pairs"]
 
 
 def judge(holds: bool, fails: bool) -> str:
