@@ -21,9 +21,9 @@ import yaml
 
 from sandbox.analysis.plots import save, suptitle
 from sandbox.config import flatten
+from sandbox.train.record import SUMMARY_FIELDS, RunResult
 
-RESULT_FIELDS = ("status", "error", "final_accuracy", "best_accuracy", "best_step", "steps", "wall_time_s",
-                 "train_time_s", "setup_s", "eval_s", "steps_per_sec", "params", "state_size", "device", "objective")
+RESULT_FIELDS = (*SUMMARY_FIELDS, "objective")     # a row's result columns (the rest are config keys)
 Y_ALIASES = {"test/accuracy": ("test/accuracy", "best_accuracy", "objective"),
              "accuracy": ("best_accuracy", "objective"),
              "test/final_accuracy": ("test/final_accuracy", "final_accuracy"),
@@ -57,15 +57,15 @@ def load_rows(sweep_dir) -> tuple[list[dict], str]:
     rows = []
     for path in sorted(d.glob("**/result.json")):
         try:
-            res = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            res = RunResult.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
             continue
         row = {k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v))
-               for k, v in flatten(res.get("config") or {}).items()}
-        row.update({k: res.get(k) for k in RESULT_FIELDS if k in res})
-        row["test/accuracy"] = res.get("best_accuracy")
-        row["test/final_accuracy"] = res.get("final_accuracy")
-        losses = [h["test/loss"] for h in res.get("history") or [] if _number(h.get("test/loss")) is not None]
+               for k, v in flatten(res.config or {}).items()}
+        row.update(res.summary())
+        row["test/accuracy"] = res.best_accuracy
+        row["test/final_accuracy"] = res.final_accuracy
+        losses = [h["test/loss"] for h in res.history or [] if _number(h.get("test/loss")) is not None]
         row["test/loss"] = min(losses) if losses else None
         row["run_dir"] = str(path.parent)
         rows.append(row)
