@@ -15,6 +15,7 @@ import csv
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 
 import yaml
@@ -111,34 +112,27 @@ def aggregate(rows: list[dict], y: str, axes: list[str], seed_key: str = "seed",
             near = sorted(c for c in cols if a.split(".")[-1] in c)[:5]
             raise ValueError(f"{a}: no such column in the sweep results" + (f" (similar: {', '.join(near)})" if near else ""))
     pick = min if lower_is_better else max
-    per_seed: dict[tuple, list] = {}
-    for r in rows:
-        v = _number(r.get(y))
-        if v is None:
-            continue
-        k = tuple(str(r.get(a)) for a in axes) + (str(r.get(seed_key)),)
-        per_seed.setdefault(k, []).append((v, r))
-    tuned = set()
+    scored = [r for r in rows if _number(r.get(y)) is not None]
+    per_seed = _group_by(scored, [*axes, seed_key])                 # the best of each: over the tuned keys
     skip = set(axes) | {seed_key, y, "run_dir", "name", *RESULT_FIELDS}
-    for group in per_seed.values():
-        if len(group) > 1:
-            for c in cols - skip:
-                if "." in c and len({str(r.get(c)) for _, r in group}) > 1:
-                    tuned.add(c)
-    points: dict[tuple, dict] = {}
-    for k, group in per_seed.items():
-        best = pick(v for v, _ in group)
-        p = points.setdefault(k[:-1], {"values": [], "trials": 0, "raw": group[0][1]})
-        p["values"].append(best)
-        p["trials"] += len(group)
+    tuned = {c for g in per_seed.values() if len(g) > 1 for c in cols - skip
+             if "." in c and len({str(r.get(c)) for r in g}) > 1}
     out = {}
-    for k, p in points.items():
-        vals = p["values"]
-        m = sum(vals) / len(vals)
-        sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
-        out[tuple(p["raw"].get(a) for a in axes)] = {"mean": m, "std": sd, "min": min(vals), "max": max(vals),
-                                                     "seeds": len(vals), "trials": p["trials"]}
+    for groups in _group_by(list(per_seed.values()), axes, first=True).values():   # then over seeds
+        vals = [pick(_number(r[y]) for r in g) for g in groups]
+        out[tuple(groups[0][0].get(a) for a in axes)] = {
+            "mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+            "min": min(vals), "max": max(vals), "seeds": len(vals), "trials": sum(map(len, groups))}
     return out, sorted(tuned)
+
+
+def _group_by(items: list, keys: list[str], first: bool = False) -> dict[tuple, list]:
+    """Rows (or, with ``first``, groups of rows, by their first row) grouped by their values of ``keys``."""
+    out: dict[tuple, list] = {}
+    for item in items:
+        row = item[0] if first else item
+        out.setdefault(tuple(str(row.get(k)) for k in keys), []).append(item)
+    return out
 
 
 def _resolve_y(rows: list[dict], y: str) -> str:

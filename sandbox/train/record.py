@@ -22,7 +22,7 @@ STATUSES = ("running", "completed", "early_stopped", "stopped", "diverged", "fai
 
 @dataclass
 class RunResult:
-    status: str                                 # one of STATUSES
+    status: str | None                          # one of STATUSES (None: a file that did not say)
     error: str | None = None                    # why it ended if not by itself (diverged, failed, stopped)
     config: dict = field(default_factory=dict)  # the resolved run config (every default filled in)
     # test accuracy: at the last evaluation, and the best one with its step
@@ -61,7 +61,7 @@ class RunResult:
     @classmethod
     def from_dict(cls, data: dict) -> RunResult:
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{"status": None, **{k: v for k, v in data.items() if k in known}})
 
     def summary(self) -> dict:
         return {k: getattr(self, k) for k in SUMMARY_FIELDS}
