@@ -11,6 +11,7 @@ import csv
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -360,7 +361,7 @@ def test_median_pruning_stops_a_hopeless_lr_within_its_grid_point(tmp_path):
 
 # ---- crash safety ---------------------------------------------------------------------------------
 
-def test_interrupt_and_kill_minus_9_then_rerun_completes_every_point_once(tmp_path):
+def test_interrupt_and_kill_minus_9_then_rerun_completes_every_point_once(tmp_path, capsys):
     path = write(tmp_path, """\
         name: crashy
         grid:
@@ -388,6 +389,11 @@ def test_interrupt_and_kill_minus_9_then_rerun_completes_every_point_once(tmp_pa
     p = subprocess.Popen(sweep_cmd(path, out, "--workers", "2"), env=ENV, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     first = wait_for(running_slow, what="a slow trial to report")
+    # meanwhile `sweep status` shows each running trial with the step and value of its last evaluation
+    capsys.readouterr()
+    assert main(["sweep", "status", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "last evaluation" in shown and re.search(rf"│ {first.number} .*│ \d+/1000 +│ 0\.\d{{4}} +│", shown), shown
     p.send_signal(signal.SIGINT)
     assert p.wait(timeout=90) == 130, p.stdout.read()
     t = next(t for t in trials_of(out) if t.number == first.number)

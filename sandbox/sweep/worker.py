@@ -267,19 +267,19 @@ class _Worker:
         group = [self._start(n, stack=numbers[0]) for n in numbers]
         beating = self._heartbeat(numbers)
         try:
+            configs = [self._config(g) for g in group]     # an invalid point fails as its trials, below
             if self.stop:
                 raise KeyboardInterrupt
             left = [self._steps_left(self.study.trial_by_number(g.number)) or 0 for g in group]
             t_group = time.time()
             self.training = True
             try:
-                results = train_replicas([g.config for g in group], [self.dir / g.run_dir for g in group],
-                                         progress=False, on_eval=[g.on_eval for g in group],
-                                         prefetch=self.next_stacks)
+                results = train_replicas(configs, [self.dir / g.run_dir for g in group], progress=False,
+                                         on_eval=[g.on_eval for g in group], prefetch=self.next_stacks)
             finally:
                 self.training = False
                 packing.mark_training(self.dir, False)
-            self._measure_pace([g.config for g in group], left, results, time.time() - t_group)
+            self._measure_pace(configs, left, results, time.time() - t_group)
         except KeyboardInterrupt:
             beating.set()
             self._requeue(group, "interrupted", count=False)
@@ -288,6 +288,8 @@ class _Worker:
             beating.set()
             if len(group) > 1 and "cannot train stacked" in str(e):      # a mixer that must train alone
                 self.stack = 1
+                for g in group:
+                    g.reporter.abandon()
                 return next((c for c in (self.run_group([n]) for n in numbers) if c is not None), None)
             return self._record(group, None, _first_line(e))
         except torch.cuda.OutOfMemoryError as e:
@@ -302,19 +304,15 @@ class _Worker:
         return self._record(group, results)
 
     def _start(self, number: int, stack: int) -> _Claimed:
-        """A claimed trial's run directory, configuration and evaluation callback (which reports to the study
-        from a background thread, so training never waits for the storage, and asks the pruner)."""
-        from sandbox.sweep.spec import build_config
+        """A claimed trial's run directory and evaluation callback (which reports to the study from a background
+        thread, so training never waits for the storage, and asks the pruner)."""
         from sandbox.train import StopTraining
 
         study, obj, pruning = self.study, self.spec["objective"], self.spec["pruning"]
         t = study.trial_by_number(number)
         run_dir = t.user_attrs.get("run_dir") or f"trials/{number}-{t.user_attrs['point_id'][:8]}"
-        config = build_config(self.spec["base"], _values(t))
-        config.name = f"{study.study_name}/{Path(run_dir).name}"
-        # where it runs, the first trial of its stack (what trained together) and its steps (its progress)
-        for key, value in (("run_dir", run_dir), ("stack", stack), ("steps", config.train.steps)):
-            study.set_trial_attr(number, key, value)
+        study.set_trial_attr(number, "run_dir", run_dir)
+        study.set_trial_attr(number, "stack", stack)        # the first trial of its stack: what trained together
         reporter = TrialReporter(study.trial(number), study.storage.guard)
 
         def on_eval(step, metrics):
@@ -323,7 +321,15 @@ class _Worker:
             if pruning and reporter.should_prune(step):
                 raise StopTraining(f"pruned at step {step}: {obj['metric']} {metrics[obj['metric']]:.4f} "
                                    f"below the median of its grid point")
-        return _Claimed(number, run_dir, reporter, config, on_eval)
+        return _Claimed(number, run_dir, reporter, on_eval)
+
+    def _config(self, g: _Claimed):
+        """The trial's run configuration; its steps go to the study (what its progress is counted against)."""
+        from sandbox.sweep.spec import build_config
+        config = build_config(self.spec["base"], _values(self.study.trial_by_number(g.number)))
+        config.name = f"{self.study.study_name}/{Path(g.run_dir).name}"
+        self.study.set_trial_attr(g.number, "steps", config.train.steps)
+        return config
 
     def _heartbeat(self, numbers: list[int]) -> threading.Event:
         """With a database: beat for the trials until the returned event is set."""
@@ -441,11 +447,10 @@ def _kind_of(cfg) -> tuple[str, str]:
 
 @dataclass
 class _Claimed:
-    """A trial this worker trains: its number, run directory, reporter, configuration and evaluation callback."""
+    """A trial this worker trains: its number, run directory, reporter and evaluation callback."""
     number: int
     run_dir: str
     reporter: TrialReporter
-    config: object
     on_eval: object
 
 
