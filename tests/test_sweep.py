@@ -240,7 +240,7 @@ def test_retrain_trains_the_matching_finished_points_again_and_supersedes_their_
     assert "(0 newly queued)" in r.stdout and len(trials_of(out)) == 6, r.stdout + r.stderr
     assert main(["sweep", str(path), "--out", str(out), "--retrain", "model.d_model=64"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"sandbox: error: {path}: --retrain: no point has model.d_model=64", err
+    assert err == f"sandbox: error: {path}: --retrain: no trial has model.d_model=64", err
     assert main(["sweep", str(path), "--out", str(out), "--retrain", "model.n_layers=1"]) == 2
     assert "'model.n_layers' is not a grid or tuned key of this sweep" in capsys.readouterr().err
     # a learning rate written without a dot (YAML reads 1e-3 as a string) still names the 1.0e-3 points

@@ -33,7 +33,7 @@ def cmd_sweep(args) -> int:
     spec = load_sweep(args.target[0], args.set)
     if args.retrain:
         from sandbox.sweep.study import retrain_matcher
-        retrain_matcher(spec, args.retrain)        # a condition no point meets is an error before anything starts
+        retrain_matcher(spec, args.retrain)        # a condition no trial meets is an error before anything starts
     if args.dry_run:
         return report.print_points(spec)
     out = Path(args.out) if args.out else Path("sweeps_out") / spec.name
@@ -92,7 +92,7 @@ def add_cli(sub) -> None:
     s.add_argument("--retry-failed", action="store_true", help="queue failed trials again (e.g. after "
                    "fixing what made them fail); complete ones are kept")
     s.add_argument("--retrain", action="append", metavar="KEY=VALUE",
-                   help="train the finished points whose grid or tuned KEY is VALUE again (e.g. after a fix to a "
+                   help="train the finished trials whose grid or tuned KEY is VALUE again (e.g. after a fix to a "
                    "kernel they trained on; repeat for several conditions, all must hold); their earlier trials "
                    "stay in the study as superseded, out of the verdicts, plots and best values. Once per set of "
                    "conditions: rerunning with the same ones resumes")

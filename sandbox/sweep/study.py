@@ -332,7 +332,7 @@ def retrain_matcher(spec, where: list[str]):
         conds.append((key, want))
     match = lambda p: all(_same({**p.grid, **p.tune}.get(k), want) for k, want in conds)
     if not any(match(p) for p in spec.points()):
-        raise ConfigError(spec.source, "--retrain", f"no point has {' '.join(where)}")
+        raise ConfigError(spec.source, "--retrain", f"no trial has {' '.join(where)}")
     return match
 
 
