@@ -180,8 +180,7 @@ class SweepStudy(optuna.study.Study):
         self.storage.record_heartbeat(self.trial_id(number))
 
     def add(self, template) -> int:
-        """``add_trial`` that returns the new trial's number."""
-        template._validate()
+        """``add_trial`` of a trial made by ``create_trial`` (which validates it) that returns its number."""
         tid = self.storage.create_new_trial(self.study_id, template_trial=template)
         return self.storage.get_trial_number_from_id(tid)
 
