@@ -11,6 +11,7 @@ import csv
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -104,8 +105,8 @@ def test_grid_two_workers_every_point_once_and_resume_is_a_no_op(tmp_path):
     for t in trials:                                            # objective = best test accuracy of the run
         res = json.loads((out / t.user_attrs["run_dir"] / "result.json").read_text())
         assert t.value == max(h["test/accuracy"] for h in res["history"])
-        assert res["config"]["model"]["d_model"] == t.user_attrs["grid"]["model.d_model"]
-        assert res["config"]["train"]["lr"] == t.user_attrs["tune"]["train.lr"]
+        assert res["config"]["model"]["d_model"] == t.params["model.d_model"]
+        assert res["config"]["train"]["lr"] == t.params["train.lr"]
         assert any(f.name.startswith("events.out.tfevents") for f in (out / t.user_attrs["run_dir"]).iterdir())
 
     # the summary keeps the best over the tuned lr per grid point
@@ -116,7 +117,7 @@ def test_grid_two_workers_every_point_once_and_resume_is_a_no_op(tmp_path):
                 if r["model.d_model"] == s["model.d_model"] and r["seed"] == s["seed"]]
         assert float(s["best"]) == pytest.approx(max(mine), abs=1e-6)
     md = (out / "summary.md").read_text()
-    assert "Mean ± std over seeds" in md and "speed-up" in md
+    assert "Mean ± std over seeds" in md and "stacks training at once" in md
 
     # rerunning the same file resumes: nothing is queued or run again
     r2 = run_sweep(path, out, "--workers", "2")
@@ -149,7 +150,7 @@ def test_a_sweep_directory_moved_from_another_machine_resumes_its_running_trials
     study = load_study(storage, spec.name)
     enqueue_points(study, spec)
     orphan = study.ask()
-    study._storage.set_trial_user_attr(orphan._trial_id, "worker", "gone-machine:4242:0")
+    study.set_trial_attr(orphan.number, "worker", "gone-machine:4242:0")
     (out / "sweep.json").write_text(json.dumps({"study": spec.name}))
 
     r = run_sweep(path, out, "--workers", "1")
@@ -224,7 +225,7 @@ def test_retrain_trains_the_matching_finished_points_again_and_supersedes_their_
     assert len(again) == 2 and all(t.state.name == "COMPLETE" for t in again)
     for t in again:
         old = first[t.user_attrs["retrain_of"]]
-        assert old.user_attrs["grid"] == {"model.d_model": 16}
+        assert {k: old.params[k] for k in old.user_attrs["grid_keys"]} == {"model.d_model": 16}
         assert old.user_attrs["point_id"] == t.user_attrs["point_id"]
         assert t.user_attrs["run_dir"] != old.user_attrs["run_dir"]
         assert t.value == pytest.approx(old.value, abs=1e-9)
@@ -239,7 +240,7 @@ def test_retrain_trains_the_matching_finished_points_again_and_supersedes_their_
     assert "(0 newly queued)" in r.stdout and len(trials_of(out)) == 6, r.stdout + r.stderr
     assert main(["sweep", str(path), "--out", str(out), "--retrain", "model.d_model=64"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"sandbox: error: {path}: --retrain: no point has model.d_model=64", err
+    assert err == f"sandbox: error: {path}: --retrain: no trial has model.d_model=64", err
     assert main(["sweep", str(path), "--out", str(out), "--retrain", "model.n_layers=1"]) == 2
     assert "'model.n_layers' is not a grid or tuned key of this sweep" in capsys.readouterr().err
     # a learning rate written without a dot (YAML reads 1e-3 as a string) still names the 1.0e-3 points
@@ -270,7 +271,7 @@ def test_a_grid_points_trials_train_stacked_and_equal_one_by_one(tmp_path):
         trials = trials_of(out)
         assert sorted(completed_points(trials)) == sorted(p.point_id for p in load_sweep(path).points())
         assert {t.user_attrs["result"]["replicas"] for t in trials} == {int(stack)}
-        runs[stack] = {(t.user_attrs["grid"]["model.d_model"], t.user_attrs["tune"]["train.lr"]): t.value
+        runs[stack] = {(t.params["model.d_model"], t.params["train.lr"]): t.value
                        for t in trials}
     assert runs["3"] == pytest.approx(runs["1"], abs=1e-9)
     assert len({pid_of(t) for t in trials_of(tmp_path / "out3")}) == 1
@@ -345,7 +346,7 @@ def test_median_pruning_stops_a_hopeless_lr_within_its_grid_point(tmp_path):
     out = tmp_path / "out"
     r = run_sweep(path, out, "--workers", "1", "--stack", "1")
     assert r.returncode == 0, r.stdout + r.stderr
-    trials = {t.user_attrs["tune"]["train.lr"]: t for t in trials_of(out)}
+    trials = {t.params["train.lr"]: t for t in trials_of(out)}
     good = [trials[1e-2], trials[3e-3]]
     assert [t.state.name for t in good] == ["COMPLETE", "COMPLETE"]
     bad = trials[1e-7]
@@ -360,7 +361,7 @@ def test_median_pruning_stops_a_hopeless_lr_within_its_grid_point(tmp_path):
 
 # ---- crash safety ---------------------------------------------------------------------------------
 
-def test_interrupt_and_kill_minus_9_then_rerun_completes_every_point_once(tmp_path):
+def test_interrupt_and_kill_minus_9_then_rerun_completes_every_point_once(tmp_path, capsys):
     path = write(tmp_path, """\
         name: crashy
         grid:
@@ -388,6 +389,11 @@ def test_interrupt_and_kill_minus_9_then_rerun_completes_every_point_once(tmp_pa
     p = subprocess.Popen(sweep_cmd(path, out, "--workers", "2"), env=ENV, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     first = wait_for(running_slow, what="a slow trial to report")
+    # meanwhile `sweep status` shows each running trial with the step and value of its last evaluation
+    capsys.readouterr()
+    assert main(["sweep", "status", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "last evaluation" in shown and re.search(rf"│ {first.number} .*│ \d+/1000 +│ 0\.\d{{4}} +│", shown), shown
     p.send_signal(signal.SIGINT)
     assert p.wait(timeout=90) == 130, p.stdout.read()
     t = next(t for t in trials_of(out) if t.number == first.number)
@@ -604,24 +610,114 @@ def test_a_process_counts_as_alive_while_it_runs_the_named_module_and_not_once_i
     assert not process_alive(p.pid, "timeit")
 
 
-def test_the_eta_counts_the_trials_a_stack_trains_at_once():
-    """3 workers, stacks of 9 trials of 200 s each: one stack done, three running (27 trials), eight waiting (72).
-    Counted by stacks, what is left is the 8 waiting stacks and half of the 3 running ones, 3 at a time:
-    (8 + 1.5) x 200 / 3 = 633 s (the ETA had divided by the workers, not by the trials running together: 1h35m)."""
+def _trial(n, state, start=None, end=None, steps=None, at=None):
+    """A FrozenTrial as a sweep's study holds one: started and ended ``start``/``end`` seconds after T0, with its
+    ``steps`` and (running) a last evaluation at step ``at``."""
     import datetime
 
     from optuna.trial import FrozenTrial, TrialState
-    t0 = datetime.datetime(2026, 11, 26, 3, 0, 0)
+    when = lambda s: None if s is None else T0 + datetime.timedelta(seconds=s)
+    return FrozenTrial(number=n, state=state, value=0.5 if state == TrialState.COMPLETE else None, values=None,
+                       datetime_start=when(start), datetime_complete=when(end), params={}, distributions={},
+                       user_attrs={} if steps is None else {"steps": steps}, system_attrs={},
+                       intermediate_values={} if at is None else {at: 0.25}, trial_id=n)
 
-    def trial(n, state):
-        done = state == TrialState.COMPLETE
-        return FrozenTrial(number=n, state=state, value=0.5 if done else None, values=None,
-                           datetime_start=t0 if state != TrialState.WAITING else None,
-                           datetime_complete=t0 + datetime.timedelta(seconds=200) if done else None,
-                           params={}, distributions={}, user_attrs={}, system_attrs={}, intermediate_values={},
-                           trial_id=n)
-    trials = [trial(n, TrialState.COMPLETE if n < 9 else TrialState.RUNNING if n < 36 else TrialState.WAITING)
-              for n in range(108)]
-    line = report.progress_line(trials, "maximize", workers=3)
-    assert "9/108 finished" in line, line
-    assert line.endswith("ETA 10m33s"), line
+
+T0 = __import__("datetime").datetime(2026, 11, 26, 3, 0, 0)
+
+
+def test_the_eta_counts_the_trials_a_stack_trains_at_once():
+    """3 workers, stacks of 9 trials: one stack done in 200 s, three running for 100 s (27 trials), eight waiting
+    (72). Before an evaluation a running trial has left what the finished ones had after 100 s (100 s); the 27
+    run at once: (72 x 200 + 27 x 100) / 27 = 633 s. Once they evaluated at step 250 of 1000 after 100 s, each
+    has 300 s left: (72 x 200 + 27 x 300) / 27 = 833 s."""
+    from optuna.trial import TrialState
+    now = T0.timestamp() + 300
+
+    def trials(at):
+        return [_trial(n, TrialState.COMPLETE, 0, 200) if n < 9 else
+                _trial(n, TrialState.RUNNING, 200, steps=1000, at=at) if n < 36 else _trial(n, TrialState.WAITING)
+                for n in range(108)]
+    line = report.progress_line(trials(None), "maximize", now=now)
+    assert "9/108 trials finished" in line, line
+    assert line.endswith("about 10m33s left"), line
+    assert report.progress_line(trials(250), "maximize", now=now).endswith("about 13m53s left")
+
+
+def test_the_eta_of_a_last_stack_follows_its_own_progress():
+    """One worker, two stacks of two: the first (d_model 16) took 14 s; the second (a wider model) runs for 5 s
+    and evaluated at step 50 of 500: 45 s are left. The mean of the finished trials alone said 7 s (half of
+    14 s, whatever the second stack's progress), 45 s before the end."""
+    from optuna.trial import TrialState
+    trials = [_trial(0, TrialState.COMPLETE, 0, 14), _trial(1, TrialState.COMPLETE, 0, 14),
+              _trial(2, TrialState.RUNNING, 15, steps=500, at=50), _trial(3, TrialState.RUNNING, 15, steps=500, at=50)]
+    assert report.eta(trials, now=T0.timestamp() + 20) == pytest.approx(45.0)
+
+
+def _recorded_sweep(tmp_path):
+    """A recorded sweep: Figure 8's part 1 (108 trials in 12 stacks of 9, two workers on one H200, 2026-11-26),
+    its journal as committed at b9bd818 (results/sweep_packing/fig8_part1_two_workers), loaded as the report
+    loads any study."""
+    import gzip
+    import shutil
+
+    from sandbox.sweep.study import load_study
+    out = tmp_path / "recorded"
+    out.mkdir()
+    with gzip.open(DATA / "fig8_part1_two_workers.journal.gz") as src, open(out / "study.journal", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return load_study(open_storage(out, None), "sse_fig8_topk").get_trials()
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_the_summary_counts_each_stack_once_on_a_recorded_sweep(tmp_path):
+    """Two workers trained the 12 stacks one after another each: at most 2 stacks trained at once. The sum of
+    the trials' own times over the wall time had said 17.7 (a stack's 9 trials counted 9 times)."""
+    trials = _recorded_sweep(tmp_path)
+    start = min(t.datetime_start.timestamp() for t in trials)
+    wall = max(t.datetime_complete.timestamp() for t in trials) - start
+    tm = report.timing(trials, wall, None)
+    # the reference: per worker, the union of its trials' intervals (its stacks never overlap)
+    busy = 0.0
+    for w in {t.user_attrs["worker"] for t in trials}:
+        spans = sorted((t.datetime_start.timestamp(), t.datetime_complete.timestamp()) for t in trials
+                       if t.user_attrs["worker"] == w)
+        end = float("-inf")
+        for a, b in spans:
+            busy += max(0.0, b - max(a, end))
+            end = max(end, b)
+    assert (tm["trials run"], tm["stacks run"]) == (108, 12)
+    assert tm["stacks training at once (mean)"] == pytest.approx(busy / wall, abs=0.01)
+    assert 1.9 < tm["stacks training at once (mean)"] <= 2.0
+
+
+def test_the_eta_tracks_a_recorded_sweep(tmp_path):
+    """The recorded sweep replayed: at every tenth of its 923 s from the first finished stack on, the trials as
+    they stood then (finished, running or waiting by their recorded times, no evaluation seen) give an ETA within
+    half the time that was in fact left, or 45 s."""
+    import copy
+
+    from optuna.trial import TrialState
+    trials = _recorded_sweep(tmp_path)
+    start = min(t.datetime_start.timestamp() for t in trials)
+    end = max(t.datetime_complete.timestamp() for t in trials)
+    first_done = min(t.datetime_complete.timestamp() for t in trials)
+    checked = 0
+    for f in [i / 10 for i in range(1, 10)] + [0.95]:
+        now = start + f * (end - start)
+        if now < first_done:
+            continue
+        seen = []
+        for t in trials:
+            t = copy.copy(t)
+            if t.datetime_start.timestamp() > now:
+                t.state, t.datetime_start, t.datetime_complete = TrialState.WAITING, None, None
+            elif t.datetime_complete.timestamp() > now:
+                t.state, t.datetime_complete, t.intermediate_values = TrialState.RUNNING, None, {}
+            seen.append(t)
+        left = report.eta(seen, start, now)
+        assert abs(left - (end - now)) <= max(0.5 * (end - now), 45), (f, left, end - now)
+        checked += 1
+    assert checked >= 8

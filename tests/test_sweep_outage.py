@@ -167,12 +167,15 @@ def test_postgres_restart_mid_sweep_is_ridden_through(tmp_path, pg_server):
     from sandbox.sweep.spec import load_sweep
     # two long trials run through the outage (one may end during it and wait to send its
     # result), two short ones are claimed after it; heartbeats every second, so a trial
-    # would count as lost after 6 s of silence were the outage not excused
+    # would count as lost after 6 s of silence were the outage not excused. The long ones
+    # must still train when the server stops, a second or two after their first evaluation:
+    # 20000 steps (20 s at the ~1000 steps/s of a CI core; 1500 could end first, and the
+    # checkpoints then did not move during the outage)
     path = write(tmp_path, f"""\
         name: pg-outage-{uuid.uuid4().hex[:8]}
         grid:
-          train.steps: [1500, 1501, 40, 41]
-        """, eval_every=100)
+          train.steps: [20000, 20001, 40, 41]
+        """, eval_every=1000)
     points = load_sweep(path).points()
     long = {p.point_id for p in points if p.grid["train.steps"] > 1000}
     out = tmp_path / "out"
@@ -205,8 +208,8 @@ def test_postgres_restart_mid_sweep_is_ridden_through(tmp_path, pg_server):
     # the evaluations made during the outage reached the study afterwards, and no run restarted
     for t in trials:
         if t.user_attrs["point_id"] in long:
-            steps = t.user_attrs["grid"]["train.steps"]
-            assert sorted(t.intermediate_values) == list(range(100, steps, 100)) + [steps]
+            steps = t.params["train.steps"]
+            assert sorted(t.intermediate_values) == list(range(1000, steps, 1000)) + [steps]
             res = json.loads((out / t.user_attrs["run_dir"] / "result.json").read_text())
             assert [h["step"] for h in res["history"]] == sorted(t.intermediate_values)
     # one line when the outage began, one when it ended; no traceback anywhere
@@ -262,7 +265,7 @@ def test_postgres_down_past_the_storage_timeout_stops_cleanly_and_a_rerun_resume
         first = next(t for t in trials if t.number == n)
         assert first.state.name == "FAIL"
         redo = next(t for t in trials if t.user_attrs.get("retry_of") == n)
-        steps = redo.user_attrs["grid"]["train.steps"]
+        steps = redo.params["train.steps"]
         # an outage is not the trial's fault: it does not count towards the point's retries. A
         # worker is stopped mid-run (interrupted), or, on a fast machine, may have finished
         # training and found no storage to record the result in

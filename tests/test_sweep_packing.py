@@ -138,8 +138,8 @@ def test_near_a_time_limit_a_worker_stacks_only_what_finishes(tmp_path):
     key, family, _ = w._kind(first)
     w.paces = {key: (family, 10.0, 300)}
     group = w.claim()
-    trials = [study._storage.get_trial(t) for t in group]
-    assert len(group) == 2 and trials[0].user_attrs["grid"] == trials[1].user_attrs["grid"]
+    trials = [study.trial_by_number(n) for n in group]
+    assert len(group) == 2 and trials[0].params["model.d_model"] == trials[1].params["model.d_model"]
     w.until = time.time() + 20
     assert w.claim() == [] and w.out_of_time
     # without a measured pace (a fresh worker, no other worker's record) it takes a whole stack
@@ -160,9 +160,9 @@ def test_a_fresh_worker_sizes_its_claims_from_the_groups_the_sweep_finished_befo
     from sandbox.sweep.worker import _Worker
     study = _study(tmp_path)
     w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3)
-    for tid in w.claim():
-        study._storage.set_trial_user_attr(tid, "result", {"steps": 100, "replicas": 3, "wall_time_s": 30.0})
-        study.tell(study._storage.get_trial(tid).number, 0.5)
+    for n in w.claim():
+        study.set_trial_attr(n, "result", {"steps": 100, "replicas": 3, "wall_time_s": 30.0})
+        study.tell(n, 0.5)
     fresh = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
     done = study.get_trials()[0]
     assert fresh._paces() == {fresh._kind(done)[0]: (fresh._kind(done)[1], 10.0)}
@@ -181,9 +181,9 @@ def test_the_longest_group_of_a_kind_gives_its_pace_the_latest_among_equals(tmp_
     w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=1)
     key, family, _ = w._kind(study.get_trials()[0])
     for (steps, wall), pace in zip([(100, 50.0), (100, 10.0), (40, 20.0)], [2.0, 10.0, 10.0]):
-        (tid,) = w.claim()
-        study._storage.set_trial_user_attr(tid, "result", {"steps": steps, "replicas": 1, "wall_time_s": wall})
-        study.tell(study._storage.get_trial(tid).number, 0.5)
+        (n,) = w.claim()
+        study.set_trial_attr(n, "result", {"steps": steps, "replicas": 1, "wall_time_s": wall})
+        study.tell(n, 0.5)
         time.sleep(0.01)
         assert w._paces() == {key: (family, pace)}
     # this launch's records weigh the same way: a shorter group measured now does not replace it, an equal one does
@@ -205,7 +205,7 @@ def test_a_kind_guessed_too_slow_for_the_limit_is_measured_alone_at_a_launchs_st
     assert w._kind(big)[0] != key16
     w.paces = {key16: (fam16, 1.0, 100)}          # d_model 16: 30 + 1.5 x 100 / 1 = 180 s; d_model 32 guessed at 0.5
     group = w.claim()
-    assert [study._storage.get_trial(t).user_attrs["grid"] for t in group] == [big.user_attrs["grid"]]
+    assert [study.trial_by_number(n).params["model.d_model"] for n in group] == [big.params["model.d_model"]]
     assert w.claim() == [] and w.out_of_time             # one probe; a worker that has worked does not probe
     measured = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 60)
     measured.paces = {key16: (fam16, 1.0, 100), w._kind(big)[0]: (w._kind(big)[1], 1.0, 100)}
@@ -272,7 +272,7 @@ def test_a_stack_out_of_memory_beside_other_workers_is_requeued_not_failed(tmp_p
     study = _study(tmp_path)
     w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3)
     group = w.claim()
-    numbers = {study._storage.get_trial(t).number for t in group}
+    numbers = set(group)
 
     def out_of_memory(*a, **k):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB")
@@ -287,7 +287,7 @@ def test_a_stack_out_of_memory_beside_other_workers_is_requeued_not_failed(tmp_p
     monkeypatch.setattr(packing, "gpu_shared", lambda: False)
     group = w.claim()
     assert len(group) == 3 and w.run_group(group) is None
-    failed = [t for t in study.get_trials() if t._trial_id in group]
+    failed = [t for t in study.get_trials() if t.number in group]
     assert [t.state.name for t in failed] == ["FAIL"] * 3 and w.stack == 1
 
 
@@ -325,7 +325,6 @@ def test_the_stacks_compiled_ahead_are_the_stacks_claimed_when_seed_is_the_first
     ahead = [group_kind(s) for s in w.next_stacks(count=4)]
     claimed = []                                    # the reference: what the worker then takes, stack by stack
     while group := w.claim():
-        attrs = [study._storage.get_trial(t).user_attrs for t in group]
-        claimed.append(group_kind([build_config(base, {**a["grid"], **a["tune"]}) for a in attrs]))
+        claimed.append(group_kind([build_config(base, study.trial_by_number(n).params) for n in group]))
     assert len(claimed) == 6 and [k[1] for k in claimed] == [9] * 6
     assert ahead == claimed[:4]

@@ -15,15 +15,16 @@ import csv
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 
 import yaml
 
 from sandbox.analysis.plots import save, suptitle
 from sandbox.config import flatten
+from sandbox.train.record import SUMMARY_FIELDS, RunResult
 
-RESULT_FIELDS = ("status", "error", "final_accuracy", "best_accuracy", "best_step", "steps", "wall_time_s",
-                 "train_time_s", "setup_s", "eval_s", "steps_per_sec", "params", "state_size", "device", "objective")
+RESULT_FIELDS = (*SUMMARY_FIELDS, "objective")     # a row's result columns (the rest are config keys)
 Y_ALIASES = {"test/accuracy": ("test/accuracy", "best_accuracy", "objective"),
              "accuracy": ("best_accuracy", "objective"),
              "test/final_accuracy": ("test/final_accuracy", "final_accuracy"),
@@ -57,15 +58,15 @@ def load_rows(sweep_dir) -> tuple[list[dict], str]:
     rows = []
     for path in sorted(d.glob("**/result.json")):
         try:
-            res = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            res = RunResult.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
             continue
         row = {k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v))
-               for k, v in flatten(res.get("config") or {}).items()}
-        row.update({k: res.get(k) for k in RESULT_FIELDS if k in res})
-        row["test/accuracy"] = res.get("best_accuracy")
-        row["test/final_accuracy"] = res.get("final_accuracy")
-        losses = [h["test/loss"] for h in res.get("history") or [] if _number(h.get("test/loss")) is not None]
+               for k, v in flatten(res.config or {}).items()}
+        row.update(res.summary())
+        row["test/accuracy"] = res.best_accuracy
+        row["test/final_accuracy"] = res.final_accuracy
+        losses = [h["test/loss"] for h in res.history or [] if _number(h.get("test/loss")) is not None]
         row["test/loss"] = min(losses) if losses else None
         row["run_dir"] = str(path.parent)
         rows.append(row)
@@ -111,34 +112,27 @@ def aggregate(rows: list[dict], y: str, axes: list[str], seed_key: str = "seed",
             near = sorted(c for c in cols if a.split(".")[-1] in c)[:5]
             raise ValueError(f"{a}: no such column in the sweep results" + (f" (similar: {', '.join(near)})" if near else ""))
     pick = min if lower_is_better else max
-    per_seed: dict[tuple, list] = {}
-    for r in rows:
-        v = _number(r.get(y))
-        if v is None:
-            continue
-        k = tuple(str(r.get(a)) for a in axes) + (str(r.get(seed_key)),)
-        per_seed.setdefault(k, []).append((v, r))
-    tuned = set()
+    scored = [r for r in rows if _number(r.get(y)) is not None]
+    per_seed = _group_by(scored, [*axes, seed_key])                 # the best of each: over the tuned keys
     skip = set(axes) | {seed_key, y, "run_dir", "name", *RESULT_FIELDS}
-    for group in per_seed.values():
-        if len(group) > 1:
-            for c in cols - skip:
-                if "." in c and len({str(r.get(c)) for _, r in group}) > 1:
-                    tuned.add(c)
-    points: dict[tuple, dict] = {}
-    for k, group in per_seed.items():
-        best = pick(v for v, _ in group)
-        p = points.setdefault(k[:-1], {"values": [], "trials": 0, "raw": group[0][1]})
-        p["values"].append(best)
-        p["trials"] += len(group)
+    tuned = {c for g in per_seed.values() if len(g) > 1 for c in cols - skip
+             if "." in c and len({str(r.get(c)) for r in g}) > 1}
     out = {}
-    for k, p in points.items():
-        vals = p["values"]
-        m = sum(vals) / len(vals)
-        sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
-        out[tuple(p["raw"].get(a) for a in axes)] = {"mean": m, "std": sd, "min": min(vals), "max": max(vals),
-                                                     "seeds": len(vals), "trials": p["trials"]}
+    for groups in _group_by(list(per_seed.values()), axes, first=True).values():   # then over seeds
+        vals = [pick(_number(r[y]) for r in g) for g in groups]
+        out[tuple(groups[0][0].get(a) for a in axes)] = {
+            "mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+            "min": min(vals), "max": max(vals), "seeds": len(vals), "trials": sum(map(len, groups))}
     return out, sorted(tuned)
+
+
+def _group_by(items: list, keys: list[str], first: bool = False) -> dict[tuple, list]:
+    """Rows (or, with ``first``, groups of rows, by their first row) grouped by their values of ``keys``."""
+    out: dict[tuple, list] = {}
+    for item in items:
+        row = item[0] if first else item
+        out.setdefault(tuple(str(row.get(k)) for k in keys), []).append(item)
+    return out
 
 
 def _resolve_y(rows: list[dict], y: str) -> str:

@@ -30,10 +30,10 @@ def cmd_sweep(args) -> int:
             raise ValueError(f"--{flag.replace('_', '-')}: must be >= 1, got {v}")
     if args.time_limit is not None and args.time_limit <= 0:
         raise ValueError(f"--time-limit: must be > 0 seconds, got {args.time_limit:g}")
-    spec = load_sweep(args.target[0])
+    spec = load_sweep(args.target[0], args.set)
     if args.retrain:
         from sandbox.sweep.study import retrain_matcher
-        retrain_matcher(spec, args.retrain)        # a condition no point meets is an error before anything starts
+        retrain_matcher(spec, args.retrain)        # a condition no trial meets is an error before anything starts
     if args.dry_run:
         return report.print_points(spec)
     out = Path(args.out) if args.out else Path("sweeps_out") / spec.name
@@ -44,7 +44,8 @@ def cmd_sweep(args) -> int:
                          storage_timeout=args.storage_timeout, stack=args.stack, time_limit=args.time_limit,
                          retrain=args.retrain or ())
     except StorageUnavailable as e:
-        again = ["sandbox", "sweep", str(args.target[0]), "--out", str(out)]
+        again = ["sandbox", "sweep", str(args.target[0]), *[a for o in args.set for a in ("--set", o)], "--out",
+                 str(out)]
         if args.storage:
             again += ["--storage", _public_url(args.storage)]
         print(f"sandbox: error: {e}; the sweep stopped and its running trials saved checkpoints; to resume, "
@@ -59,9 +60,14 @@ def cmd_sweep(args) -> int:
 
 def add_cli(sub) -> None:
     s = sub.add_parser("sweep", help="run a sweep YAML on Optuna (or: sweep status DIR)",
-                       description="Run every point of a sweep YAML as Optuna trials in worker processes; "
-                                   "rerunning the same command resumes. `sandbox sweep status DIR` shows progress.")
+                       description="Run every trial of a sweep YAML (each grid point with each tuned value) as an "
+                                   "Optuna trial in worker processes; rerunning the same command resumes. "
+                                   "`sandbox sweep status DIR` shows progress.")
     s.add_argument("target", nargs="+", metavar="FILE.yaml | status DIR")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key of the sweep's base config, e.g. --set train.steps=500 (repeatable); the "
+                   "variant is its own study (the sweep's name plus a hash of the overrides), resumed by the same "
+                   "--set")
     s.add_argument("--out", help="sweep directory (default sweeps_out/<sweep name>)")
     s.add_argument("--workers", type=int, help="number of worker processes (default: 1 on CPU, "
                    "--workers-per-gpu x GPUs otherwise)")
@@ -82,11 +88,11 @@ def add_cli(sub) -> None:
                    help="stop after SECONDS: workers start only trials that finish by then at the pace measured "
                    "for their kind of stack (in this run, or from the sweep's finished trials), stacking fewer "
                    "near the end; the rest stop in order at the limit; rerun to go on")
-    s.add_argument("--dry-run", action="store_true", help="validate and list the points, run nothing")
-    s.add_argument("--retry-failed", action="store_true", help="queue failed points again (e.g. after "
+    s.add_argument("--dry-run", action="store_true", help="validate and list the trials, run nothing")
+    s.add_argument("--retry-failed", action="store_true", help="queue failed trials again (e.g. after "
                    "fixing what made them fail); complete ones are kept")
     s.add_argument("--retrain", action="append", metavar="KEY=VALUE",
-                   help="train the finished points whose grid or tuned KEY is VALUE again (e.g. after a fix to a "
+                   help="train the finished trials whose grid or tuned KEY is VALUE again (e.g. after a fix to a "
                    "kernel they trained on; repeat for several conditions, all must hold); their earlier trials "
                    "stay in the study as superseded, out of the verdicts, plots and best values. Once per set of "
                    "conditions: rerunning with the same ones resumes")

@@ -1,7 +1,8 @@
-"""What a sweep shows and writes: the live table, ``results.csv``, the per-grid-point
-summary (``summary.csv``, ``summary.md``) and ``sandbox sweep status``. Everything is
-computed from the Optuna study alone, so any machine sharing the storage can report on
-the whole sweep.
+"""What a sweep shows and writes: the live table, ``results.csv`` (one row per trial: its params, its
+``RunResult`` summary and its bookkeeping), the per-grid-point summary (``summary.csv``, ``summary.md``) and
+``sandbox sweep status``. Everything is computed from the Optuna study alone, so any machine sharing the storage
+can report on the whole sweep. The summaries are group-bys over the trials' rows: by grid point (the best over
+the tuned values), then by the grid point less its seed (mean and spread over seeds).
 """
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import optuna
 from optuna.trial import TrialState
 
 from sandbox.sweep.storage import DEFAULT_TIMEOUT_S
-from sandbox.sweep.study import superseded
+from sandbox.sweep.study import point_values, superseded
+from sandbox.train.record import SUMMARY_FIELDS
 
-RESULT_KEYS = ("final_accuracy", "best_accuracy", "best_step", "steps", "wall_time_s", "train_time_s", "setup_s",
-               "eval_s", "steps_per_sec", "replicas", "compiled_at", "precompiled", "params", "state_size",
-               "device")
+# a row's status is the trial's (complete, pruned, ...): the run's own status and error are in its note
+RESULT_COLUMNS = tuple(f for f in SUMMARY_FIELDS if f not in ("status", "error"))
+STATUSES = ("complete", "pruned", "failed", "running", "waiting", "lost", "requeued", "duplicate", "superseded")
 
 
 def make_console():
@@ -29,7 +31,15 @@ def make_console():
     return c if c.is_terminal else Console(width=200)
 
 
-# ---- rows ------------------------------------------------------------------------------------
+def group_by(rows: list[dict], keys) -> dict[tuple, list[dict]]:
+    """Rows grouped by their values of ``keys``, in the order each group first appears."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(json.dumps(r.get(k), sort_keys=True, default=str) for k in keys), []).append(r)
+    return groups
+
+
+# ---- a trial's status and row -----------------------------------------------------------------
 
 def retries_by_origin(trials) -> dict[int, object]:
     return {t.user_attrs["retry_of"]: t for t in trials if "retry_of" in t.user_attrs}
@@ -45,8 +55,7 @@ def status_of(t, retried: dict | None = None, gone: dict | None = None) -> str:
         if "failure" in a:
             return "failed"
         return "requeued" if retried and t.number in retried else "lost"
-    return {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.RUNNING: "running",
-            TrialState.WAITING: "waiting"}[t.state]
+    return t.state.name.lower()
 
 
 def _note(t, retried: dict, gone: dict) -> str:
@@ -69,10 +78,12 @@ def _note(t, retried: dict, gone: dict) -> str:
 
 
 def keys_of(trials) -> tuple[list[str], list[str]]:
+    """The grid keys and the tuned keys of the trials, in the sweep file's order."""
     grid, tune = {}, {}
     for t in trials:
-        grid.update(dict.fromkeys(t.user_attrs.get("grid", {})))
-        tune.update(dict.fromkeys(t.user_attrs.get("tune", {})))
+        g, u = point_values(t)
+        grid.update(dict.fromkeys(g))
+        tune.update(dict.fromkeys(u))
     return list(grid), list(tune)
 
 
@@ -91,49 +102,42 @@ def _cell(v):
 
 
 def trial_rows(trials) -> list[dict]:
+    """One row per trial: number, status, point id, grid and tuned values, objective, result summary, time,
+    worker, run directory, note, grid id."""
     grid_keys, tune_keys = keys_of(trials)
     retried, gone = retries_by_origin(trials), superseded(trials)
     rows = []
     for t in sorted(trials, key=lambda t: t.number):
         a, res = t.user_attrs, t.user_attrs.get("result") or {}
+        grid, tune = point_values(t)
         status = status_of(t, retried, gone)
-        row = {"trial": t.number, "status": status, "point_id": a.get("point_id", "")}
-        row.update({k: a.get("grid", {}).get(k) for k in grid_keys})
-        row.update({k: a.get("tune", {}).get(k) for k in tune_keys})
-        row["sample"] = a.get("sample")
-        row["objective"] = t.value if status == "complete" else None
-        row.update({k: res.get(k) for k in RESULT_KEYS})
         d = duration(t)
-        row["trial_time_s"] = round(d, 2) if d is not None else None
-        row.update({"worker": a.get("worker", ""), "run_dir": a.get("run_dir", ""), "note": _note(t, retried, gone),
-                    "grid_id": a.get("grid_id", "")})
-        rows.append(row)
+        rows.append({"trial": t.number, "status": status, "point_id": a.get("point_id", ""),
+                     **{k: grid.get(k) for k in grid_keys}, **{k: tune.get(k) for k in tune_keys},
+                     "sample": a.get("sample"), "objective": t.value if status == "complete" else None,
+                     **{k: res.get(k) for k in RESULT_COLUMNS},
+                     "trial_time_s": round(d, 2) if d is not None else None, "worker": a.get("worker", ""),
+                     "run_dir": a.get("run_dir", ""), "note": _note(t, retried, gone), "grid_id": a.get("grid_id", "")})
     return rows
 
+
+# ---- summaries: group-bys over the rows -------------------------------------------------------
 
 def grid_summary(trials, direction: str) -> tuple[list[dict], list[str], list[str]]:
     """One row per grid point: the best objective over its tuned trials."""
     grid_keys, tune_keys = keys_of(trials)
-    groups: dict[str, list] = {}
-    for r in trial_rows(trials):
-        if r["grid_id"]:
-            groups.setdefault(r["grid_id"], []).append(r)
     sign = 1 if direction == "maximize" else -1
     out = []
-    for rows in groups.values():
+    for rows in group_by([r for r in trial_rows(trials) if r["grid_id"]], ["grid_id"]).values():
         done = [r for r in rows if r["objective"] is not None]
-        best = max(done, key=lambda r: sign * r["objective"]) if done else None
-        counts = {s: sum(r["status"] == s for r in rows) for s in ("complete", "pruned", "failed", "running",
-                                                                  "waiting", "lost", "superseded")}
-        row = {k: rows[0][k] for k in grid_keys}
-        row["best"] = best["objective"] if best else None
-        row.update({f"best {k}": best[k] if best else None for k in tune_keys})
-        row.update({"trial": best["trial"] if best else None, "steps": best["steps"] if best else None,
-                    "steps_per_sec": best["steps_per_sec"] if best else None,
-                    "params": rows[0]["params"] or (best or {}).get("params"),
-                    "state_size": rows[0]["state_size"] or (best or {}).get("state_size"),
+        best = max(done, key=lambda r: sign * r["objective"]) if done else {}
+        counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
+        out.append({**{k: rows[0][k] for k in grid_keys}, "best": best.get("objective"),
+                    **{f"best {k}": best.get(k) for k in tune_keys}, "trial": best.get("trial"),
+                    "steps": best.get("steps"), "steps_per_sec": best.get("steps_per_sec"),
+                    "params": rows[0]["params"] or best.get("params"),
+                    "state_size": rows[0]["state_size"] or best.get("state_size"),
                     "trials": " ".join(f"{n} {s}" for s, n in counts.items() if n)})
-        out.append(row)
     return out, grid_keys, tune_keys
 
 
@@ -142,24 +146,18 @@ def seed_summary(summary: list[dict], grid_keys: list[str]) -> list[dict]:
     if "seed" not in grid_keys:
         return []
     rest = [k for k in grid_keys if k != "seed"]
-    groups: dict[str, list] = {}
-    for r in summary:
-        groups.setdefault(json.dumps([r[k] for k in rest], default=str), []).append(r)
     out = []
-    for rows in groups.values():
+    for rows in group_by(summary, rest).values():
         vals = [r["best"] for r in rows if r["best"] is not None]
-        row = {k: rows[0][k] for k in rest}
-        row.update({"mean": statistics.fmean(vals) if vals else None,
+        out.append({**{k: rows[0][k] for k in rest}, "mean": statistics.fmean(vals) if vals else None,
                     "std": statistics.stdev(vals) if len(vals) > 1 else 0.0 if vals else None,
                     "seeds": f"{len(vals)}/{len(rows)}"})
-        out.append(row)
     return out
 
 
 def counts(trials) -> dict:
-    c = {s: 0 for s in ("complete", "pruned", "failed", "running", "waiting", "lost", "requeued", "duplicate",
-                        "superseded")}
     retried, gone = retries_by_origin(trials), superseded(trials)
+    c = dict.fromkeys(STATUSES, 0)
     for t in trials:
         c[status_of(t, retried, gone)] += 1
     return c
@@ -174,41 +172,161 @@ def best_trial(trials, direction: str):
 
 
 def point_label(t) -> str:
-    items = {**t.user_attrs.get("grid", {}), **t.user_attrs.get("tune", {})}
-    return " ".join(f"{k}={_cell(v)}" for k, v in items.items()) or "(base)"
+    grid, tune = point_values(t)
+    return " ".join(f"{k}={_cell(v)}" for k, v in {**grid, **tune}.items()) or "(base)"
 
 
-def progress_line(trials, direction: str, since: float | None = None, workers: int | None = None) -> str:
+# ---- progress and time -------------------------------------------------------------------------
+
+def progress_line(trials, direction: str, since: float | None = None, now: float | None = None) -> str:
     c = counts(trials)
     total = c["complete"] + c["pruned"] + c["failed"] + c["running"] + c["waiting"] + c["lost"]
-    parts = [f"{c['complete'] + c['pruned'] + c['failed']}/{total} finished ({c['complete']} complete, "
+    parts = [f"{c['complete'] + c['pruned'] + c['failed']}/{total} trials finished ({c['complete']} complete, "
              f"{c['pruned']} pruned, {c['failed']} failed), {c['running']} running, {c['waiting']} waiting"
              + (f", {c['superseded']} superseded (trained again by --retrain)" if c["superseded"] else "")]
     b = best_trial(trials, direction)
     if b is not None:
         parts.append(f"best {b.value:.4f} (trial {b.number}: {point_label(b)})")
-    eta = _eta(trials, since, workers)
-    if eta is not None:
-        parts.append(f"ETA {_hms(eta)}")
+    left = eta(trials, since, now)
+    if left is not None:
+        parts.append(f"about {_hms(left)} left")
     return "; ".join(parts)
 
 
-def _eta(trials, since, workers) -> float | None:
-    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-                and duration(t) is not None and "duplicate_of" not in t.user_attrs]
-    recent = [t for t in finished if since is None or t.datetime_start.timestamp() >= since] or finished
-    c = counts(trials)
-    if not recent or not (c["waiting"] + c["running"]):
+def eta(trials, since: float | None = None, now: float | None = None) -> float | None:
+    """Seconds until the queue is done, at the pace of this invocation: each waiting trial takes as long as the
+    mean finished one; each running trial has left what its own progress says (its elapsed time over the steps
+    of its last evaluation, of its ``steps``), or, before its first evaluation, what the finished trials that
+    ran longer than it had left after as long (half its elapsed time if none did). The trials running now run
+    at once (a worker's stack trains them together), so that much work is done that many at a time. None
+    before a trial finished or while none runs."""
+    now = time.time() if now is None else now
+    finished = [duration(t) for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+                and duration(t) is not None and "duplicate_of" not in t.user_attrs
+                and (since is None or t.datetime_start.timestamp() >= since)]
+    running = [t for t in trials if t.state == TrialState.RUNNING and t.datetime_start is not None]
+    if not finished or not running:
         return None
-    mean = statistics.fmean(duration(t) for t in recent)
-    # the trials running now run at once (a worker's stack trains them together): that many at a time, not
-    # one per worker (which overstated a sweep of stacks of 9 on 3 workers ninefold)
-    return (c["waiting"] + 0.5 * c["running"]) * mean / max(1, c["running"] or workers or 1)
+    waiting = sum(t.state == TrialState.WAITING for t in trials)
+
+    def left(t) -> float:
+        elapsed = max(0.0, now - t.datetime_start.timestamp())
+        steps, at = t.user_attrs.get("steps"), t.last_step
+        if steps and at:
+            return elapsed * max(0, steps - at) / at
+        longer = [d - elapsed for d in finished if d > elapsed]
+        return statistics.fmean(longer) if longer else 0.5 * elapsed
+    return (waiting * statistics.fmean(finished) + sum(left(t) for t in running)) / len(running)
 
 
 def _hms(s: float) -> str:
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _stacks(trials) -> dict[tuple, list]:
+    """The trials that trained together, by stack: the ``stack`` attribute a worker sets (the first trial of its
+    group); for studies written before it, the group's worker, replicas, set-up and pace, which its trials
+    record alike."""
+    def key(t):
+        res = t.user_attrs.get("result") or {}
+        if "stack" in t.user_attrs:
+            return t.user_attrs.get("worker"), t.user_attrs["stack"]
+        return t.user_attrs.get("worker"), res.get("replicas"), res.get("setup_s"), res.get("steps_per_sec")
+    groups: dict[tuple, list] = {}
+    for t in trials:
+        groups.setdefault(key(t), []).append(t)
+    return groups
+
+
+def _ran(trials, since: float | None) -> list:
+    return [t for t in trials if duration(t) is not None and "duplicate_of" not in t.user_attrs
+            and (since is None or t.datetime_start.timestamp() >= since)]
+
+
+def _span(group) -> tuple[float, float]:
+    return (min(t.datetime_start.timestamp() for t in group), max(t.datetime_complete.timestamp() for t in group))
+
+
+def timing(trials, wall_s: float | None, since: float | None) -> dict:
+    """Trials and stacks run, and how many stacks trained at once on average: the stacks' own wall times (each
+    counted once, however many trials it trained) over the sweep's. At most the number of workers."""
+    ran = _ran(trials, since)
+    stacks = _stacks(ran).values()
+    busy = sum(end - start for start, end in map(_span, stacks))
+    out = {"trials run": len(ran), "stacks run": len(stacks), "sum of stack times (s)": round(busy, 1)}
+    if wall_s:
+        out["sweep wall time (s)"] = round(wall_s, 1)
+        out["stacks training at once (mean)"] = round(busy / wall_s, 2)
+    return out
+
+
+TIMING_NOTE = ("Stacks training at once: the stacks' own wall times, each counted once whatever the number of "
+               "trials it trained together, over the sweep's wall time; at most the number of workers. What "
+               "stacking itself saves (a stack of N trials against N runs one after another) takes a run with "
+               "`--stack 1` to measure (see steps/s in results.csv).\n")
+
+
+def stack_rows(trials, since: float | None = None) -> list[dict]:
+    """Where a sweep's time went: one row per stack a worker trained, in the order they started: seconds from the
+    first start (or ``since``) to its start and end, the grid values its trials share (of those the sweep varies),
+    its set-up, the step it ran compiled from, whether a helper had compiled it (precompile.py), and its training
+    rate (its steps once ready over their seconds: set-up and evaluations left out)."""
+    done = [t for t in _ran(trials, since) if t.user_attrs.get("result")]
+    if not done:
+        return []
+    grids = {t.number: point_values(t)[0] for t in done}
+    values: dict[str, set] = {}
+    for g in grids.values():
+        for k, v in g.items():
+            values.setdefault(k, set()).add(json.dumps(v))
+    varied = []            # the grid keys the sweep varies, less those zipped one-to-one with an earlier one
+    for k in (k for k, vs in values.items() if len(vs) > 1):
+        if not any(_one_to_one(grids.values(), j, k) for j in varied):
+            varied.append(k)
+    t0 = since if since is not None else min(t.datetime_start.timestamp() for t in done)
+    rows = []
+    for g in sorted(_stacks(done).values(), key=lambda g: _span(g)[0]):
+        grid, res = grids[g[0].number], g[0].user_attrs["result"]
+        shared = [f"{k.split('.', 1)[-1]}={'none' if grid[k] is None else _cell(grid[k])}" for k in varied
+                  if len({json.dumps(grids[t.number].get(k)) for t in g}) == 1]
+        start, end = _span(g)
+        rows.append({"worker": g[0].user_attrs.get("worker"), "start s": round(start - t0, 1),
+                     "end s": round(end - t0, 1), "trials": len(g), "stack of": " ".join(shared),
+                     "set-up s": res.get("setup_s"), "compiled from step": res.get("compiled_at"),
+                     "helper compiled": res.get("precompiled"), "steps/s": res.get("steps_per_sec")})
+    return rows
+
+
+def _one_to_one(grids, a: str, b: str) -> bool:
+    """Whether grid keys ``a`` and ``b`` determine one another over ``grids`` (e.g. keys zipped in a sweep file)."""
+    pairs = {(json.dumps(g.get(a)), json.dumps(g.get(b))) for g in grids}
+    return len(pairs) == len({x for x, _ in pairs}) == len({y for _, y in pairs})
+
+
+def gpu_table(samples: list[dict]) -> list[dict]:
+    rows = []
+    for i in sorted({i for s in samples for i in s}):
+        u = [s[i][0] for s in samples if i in s]
+        m = [s[i][1] for s in samples if i in s]
+        rows.append({"gpu": i, "mean util %": round(statistics.fmean(u), 1), "max util %": max(u),
+                     "mean memory MiB": round(statistics.fmean(m)), "samples": len(u)})
+    return rows
+
+
+def running_rows(trials, now: float | None = None) -> list[dict]:
+    """The running trials: what each runs, where, for how long, and its last evaluation."""
+    now = time.time() if now is None else now
+    rows = []
+    for t in trials:
+        if t.state != TrialState.RUNNING:
+            continue
+        steps, at = t.user_attrs.get("steps"), t.last_step
+        rows.append({"trial": t.number, "point": point_label(t), "worker": t.user_attrs.get("worker", "?"),
+                     "running for": _hms(now - t.datetime_start.timestamp()) if t.datetime_start else "",
+                     "step": "" if at is None else f"{at}/{steps}" if steps else str(at),
+                     "last evaluation": "" if at is None else f"{t.intermediate_values[at]:.4f}"})
+    return rows
 
 
 # ---- live display ------------------------------------------------------------------------
@@ -240,27 +358,17 @@ class Board:
             self.console.print(self.notes[-1], highlight=False)
 
     def update(self, trials, workers: int, gpu: str) -> None:
-        line = progress_line(trials, self.direction, self.t0, workers)
+        line = progress_line(trials, self.direction, self.t0)
         if self.live is None:
-            if line != self.last_line and time.time() - self.last_print >= 10 or \
-                    counts(trials)["running"] == 0 and line != self.last_line:
+            if line != self.last_line and (time.time() - self.last_print >= 10 or counts(trials)["running"] == 0):
                 self.console.print(f"{time.strftime('%H:%M:%S')} {line}" + (f"  [{gpu}]" if gpu else ""),
                                    highlight=False)
                 self.last_line, self.last_print = line, time.time()
             return
         from rich.console import Group
-        from rich.table import Table
-        table = Table(title=f"running ({workers} workers)", title_justify="left", expand=False)
-        for col in ("trial", "point", "worker", "elapsed", "last value"):
-            table.add_column(col)
-        now = time.time()
-        for t in trials:
-            if t.state == TrialState.RUNNING:
-                last = t.intermediate_values[t.last_step] if t.last_step is not None else None
-                table.add_row(str(t.number), point_label(t), t.user_attrs.get("worker", "?"),
-                              _hms(now - t.datetime_start.timestamp()) if t.datetime_start else "",
-                              "" if last is None else f"{last:.4f} @ {t.last_step}")
-        head = f"[bold]{self.name}[/]  {_hms(now - self.t0)}  {line}" + (f"\nGPU: {gpu}" if gpu else "")
+        rows = running_rows(trials)
+        head = f"[bold]{self.name}[/]  {_hms(time.time() - self.t0)} elapsed  {line}" + (f"\nGPU: {gpu}" if gpu else "")
+        table = _rich_table(f"running ({workers} workers)", rows) if rows else ""
         self.live.update(Group(head, table, *self.notes))
 
 
@@ -284,89 +392,27 @@ def _md_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def timing(trials, wall_s: float | None, since: float | None) -> dict:
-    ran = [t for t in trials if duration(t) is not None and "duplicate_of" not in t.user_attrs
-           and (since is None or t.datetime_start.timestamp() >= since)]
-    total = sum(duration(t) for t in ran)
-    out = {"trials run": len(ran), "sum of trial times (s)": round(total, 1)}
-    if wall_s:
-        out["sweep wall time (s)"] = round(wall_s, 1)
-        out["speed-up over one after another"] = round(total / wall_s, 2) if wall_s > 0 else None
-    return out
-
-
-def stack_rows(trials, since: float | None = None) -> list[dict]:
-    """Where a sweep's time went: one row per stack a worker trained (trials that share its worker, replicas,
-    set-up seconds and pace, as a stack's trials all record them), in the order they started: seconds from the
-    first start (or ``since``) to its start and end, the grid values its trials share (of those the sweep varies),
-    its set-up, the step it ran compiled from, whether a helper had compiled it (precompile.py), and its training
-    rate (its steps once ready over their seconds: set-up and evaluations left out)."""
-    done = [t for t in trials if duration(t) is not None and "duplicate_of" not in t.user_attrs
-            and t.user_attrs.get("result") and (since is None or t.datetime_start.timestamp() >= since)]
-    if not done:
-        return []
-    groups: dict[tuple, list] = {}
-    for t in done:
-        res = t.user_attrs["result"]
-        key = (t.user_attrs.get("worker"), res.get("replicas"), res.get("setup_s"), res.get("steps_per_sec"))
-        groups.setdefault(key, []).append(t)
-    values: dict[str, set] = {}
-    for t in done:
-        for k, v in t.user_attrs.get("grid", {}).items():
-            values.setdefault(k, set()).add(json.dumps(v))
-    varied = []            # the grid keys the sweep varies, less those zipped one-to-one with an earlier one
-    for k in (k for k, vs in values.items() if len(vs) > 1):
-        if not any(_one_to_one(done, j, k) for j in varied):
-            varied.append(k)
-    t0 = since if since is not None else min(t.datetime_start.timestamp() for t in done)
-    rows = []
-    for (worker, replicas, setup, sps), g in sorted(groups.items(), key=lambda kv: min(t.datetime_start for t in kv[1])):
-        grid = g[0].user_attrs["grid"]
-        shared = [f"{k.split('.', 1)[-1]}={'none' if grid[k] is None else _cell(grid[k])}" for k in varied
-                  if len({json.dumps(t.user_attrs.get("grid", {}).get(k)) for t in g}) == 1]
-        res = g[0].user_attrs["result"]
-        rows.append({"worker": worker, "start s": round(min(t.datetime_start.timestamp() for t in g) - t0, 1),
-                     "end s": round(max(t.datetime_complete.timestamp() for t in g) - t0, 1), "trials": len(g),
-                     "stack of": " ".join(shared), "set-up s": setup, "compiled from step": res.get("compiled_at"),
-                     "helper compiled": res.get("precompiled"), "steps/s": sps})
-    return rows
-
-
-def _one_to_one(trials, a: str, b: str) -> bool:
-    """Whether grid keys ``a`` and ``b`` determine one another over ``trials`` (e.g. keys zipped in a sweep file)."""
-    pairs = {(json.dumps(t.user_attrs["grid"].get(a)), json.dumps(t.user_attrs["grid"].get(b))) for t in trials}
-    return len(pairs) == len({x for x, _ in pairs}) == len({y for _, y in pairs})
-
-
-def gpu_table(samples: list[dict]) -> list[dict]:
-    gpus = sorted({i for s in samples for i in s})
-    rows = []
-    for i in gpus:
-        u = [s[i][0] for s in samples if i in s]
-        m = [s[i][1] for s in samples if i in s]
-        rows.append({"gpu": i, "mean util %": round(statistics.fmean(u), 1), "max util %": max(u),
-                     "mean memory MiB": round(statistics.fmean(m)), "samples": len(u)})
-    return rows
+def _failures(trials, rows) -> list[dict]:
+    by_number = {t.number: t for t in trials}
+    return [{"trial": r["trial"], "point": point_label(by_number[r["trial"]]), "reason": r["note"]}
+            for r in rows if r["status"] in ("failed", "lost")]
 
 
 def write_outputs(sweep_dir: Path, study, trials, *, wall_s=None, since=None, gpu_samples=(), console=None):
+    direction = study.direction.name.lower()
     rows = trial_rows(trials)
     _write_csv(sweep_dir / "results.csv", rows, drop=("grid_id",))
-    summary, grid_keys, _ = grid_summary(trials, study.direction.name.lower())
+    summary, grid_keys, _ = grid_summary(trials, direction)
     _write_csv(sweep_dir / "summary.csv", summary)
     seeds = seed_summary(summary, grid_keys)
-    failures = [{"trial": r["trial"], "point": point_label(t), "reason": r["note"]}
-                for r, t in zip(rows, sorted(trials, key=lambda t: t.number)) if r["status"] in ("failed", "lost")]
+    failures = _failures(trials, rows)
     tm = timing(trials, wall_s, since)
     gpu = gpu_table(list(gpu_samples))
-    md = [f"# Sweep {study.study_name}\n", progress_line(trials, study.direction.name.lower()) + "\n",
+    md = [f"# Sweep {study.study_name}\n", progress_line(trials, direction) + "\n",
           "## Best per grid point\n", _md_table(summary)]
     if seeds:
         md += ["## Mean ± std over seeds (of the per-point best)\n", _md_table(seeds)]
-    md += ["## Failures\n", _md_table(failures), "## Time (this invocation)\n", _md_table([tm]),
-           "The speed-up is the sum of the trials' own wall times over the sweep's wall time. Trials "
-           "that share a GPU each run slower than alone, so it overstates the gain over a sequential "
-           "run; for that baseline, run the same sweep with `--workers 1` (see steps/s in results.csv).\n"]
+    md += ["## Failures\n", _md_table(failures), "## Time (this invocation)\n", _md_table([tm]), TIMING_NOTE]
     if gpu:
         md += ["## GPU utilisation (nvidia-smi samples during this invocation)\n", _md_table(gpu)]
     stacks = stack_rows(trials, since)
@@ -376,7 +422,7 @@ def write_outputs(sweep_dir: Path, study, trials, *, wall_s=None, since=None, gp
     if console is not None:
         print_summary(console, study, trials, summary, seeds, failures, tm, gpu)
         console.print(f"results: {sweep_dir / 'results.csv'}  summary: {sweep_dir / 'summary.md'}  "
-                      f"tensorboard --logdir {sweep_dir}")
+                      f"tensorboard --logdir {sweep_dir}", highlight=False)
 
 
 def _rich_table(title: str, rows: list[dict]):
@@ -391,16 +437,10 @@ def _rich_table(title: str, rows: list[dict]):
 
 def print_summary(console, study, trials, summary, seeds, failures, tm, gpu) -> None:
     console.print(progress_line(trials, study.direction.name.lower()), highlight=False)
-    if summary:
-        console.print(_rich_table("best per grid point", summary))
-    if seeds:
-        console.print(_rich_table("mean ± std over seeds", seeds))
-    if failures:
-        console.print(_rich_table("failures", failures))
-    if tm.get("trials run"):
-        console.print(_rich_table("time", [tm]))
-    if gpu:
-        console.print(_rich_table("GPU utilisation", gpu))
+    for title, rows in (("best per grid point", summary), ("mean ± std over seeds", seeds), ("failures", failures),
+                        ("time", [tm] if tm.get("trials run") else []), ("GPU utilisation", gpu)):
+        if rows:
+            console.print(_rich_table(title, rows))
 
 
 def status(sweep_dir: Path, storage_url: str | None, storage_timeout: float = DEFAULT_TIMEOUT_S) -> int:
@@ -418,21 +458,19 @@ def status(sweep_dir: Path, storage_url: str | None, storage_timeout: float = DE
     trials = study.get_trials(deepcopy=False)
     console = make_console()
     summary, grid_keys, _ = grid_summary(trials, study.direction.name.lower())
-    rows = trial_rows(trials)
-    failures = [{"trial": r["trial"], "reason": r["note"]} for r in rows if r["status"] in ("failed", "lost")]
-    print_summary(console, study, trials, summary, seed_summary(summary, grid_keys), failures, {}, [])
+    print_summary(console, study, trials, summary, seed_summary(summary, grid_keys),
+                  _failures(trials, trial_rows(trials)), {}, [])
     stacks = stack_rows(trials)
     if stacks:
         console.print(_rich_table("stacks (seconds from the first one's start)", stacks))
-    running = [t for t in trials if t.state == TrialState.RUNNING]
+    running = running_rows(trials)
     if running:
-        console.print(_rich_table("running", [{"trial": t.number, "point": point_label(t),
-                                               "worker": t.user_attrs.get("worker", "?")} for t in running]))
+        console.print(_rich_table("running (step: of its last evaluation)", running))
     return 0
 
 
 def print_points(spec) -> int:
     points = spec.points()
-    rows = [{"#": i, **p.grid, **p.tune, "point id": p.point_id} for i, p in enumerate(points)]
-    make_console().print(_rich_table(f"{spec.name}: {len(points)} trials", rows))
+    rows = [{"#": i, **p.grid, **p.tune, "trial id": p.point_id} for i, p in enumerate(points)]
+    make_console().print(_rich_table(f"{spec.name}: {len(points)} trials over {spec.grid_points} grid points", rows))
     return 0

@@ -20,12 +20,13 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandbox.train.files import write_json
 from sandbox.sweep import packing
 from sandbox.sweep.storage import DEFAULT_TIMEOUT_S, EXIT_STORAGE, StorageUnavailable
-from sandbox.sweep.study import enqueue_points, load_study, open_storage, prepare_study, reap, trials_in, uses_heartbeat
+from sandbox.sweep.study import enqueue_points, open_storage, prepare_study, reap, trials_in, uses_heartbeat
 
 # ---- launcher ------------------------------------------------------------------------------
 
@@ -82,10 +83,25 @@ class GpuSampler(threading.Thread):
         return "  ".join(f"gpu{i} {u:.0f}%" for i, (u, _) in sorted(self.samples[-1].items()))
 
 
+@dataclass
+class Plan:
+    """How a launch fills its machine: the workers' GPUs (None: CPU), the trials stacked in each, MPS, whether
+    it adds workers to a GPU that stays underfilled, the time limit, and each worker's CPU threads."""
+    slots: list
+    stack: int
+    mps: packing.MPS | None
+    grow: bool
+    until: float | None
+    threads: int
+    notes: list[str] = field(default_factory=list)
+
+
 def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers: int | None = None,
               workers_per_gpu: int | None = None, heartbeat: int | None = None, live: bool | None = None,
               retry_failed: bool = False, storage_timeout: float = DEFAULT_TIMEOUT_S, stack: int | None = None,
               time_limit: float | None = None, retrain: list[str] = ()) -> int:
+    """Run a sweep to its end (or its time limit, or Ctrl-C): 0 when every trial finished, 1 when some are left,
+    130 when interrupted."""
     import optuna
     from sandbox.sweep import report
 
@@ -93,29 +109,60 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
     console = report.make_console()
     gpus = visible_gpus()
     worker_slots(gpus, workers, workers_per_gpu)          # argument errors before anything starts
+    lock = _lock(sweep_dir, shared=bool(storage_url))
+    try:
+        study, added, notes = _open_study(spec, sweep_dir, storage_url, heartbeat, storage_timeout, retry_failed,
+                                          retrain)
+        plan = _plan(spec, sweep_dir, gpus, workers, workers_per_gpu, stack, time_limit, console)
+        _announce(console, spec, sweep_dir, storage_url, gpus, plan, added, time_limit, notes + plan.notes)
+        launch = _Launch(spec, sweep_dir, study, plan, gpus, storage_url, heartbeat, storage_timeout)
+        t0 = time.time()
+        try:
+            outcome = launch.supervise(report.Board(console, spec.name, t0, live, spec.objective.direction))
+        finally:
+            if plan.mps is not None:
+                plan.mps.stop()
+            report.write_outputs(sweep_dir, study, trials_in(study), wall_s=time.time() - t0, since=t0,
+                                 gpu_samples=launch.sampler.samples, console=console)
+    finally:
+        lock.close()
+    return _closing(console, spec, study, outcome)
+
+
+def _lock(sweep_dir: Path, shared: bool):
+    """One launcher per journal: it may then treat every RUNNING trial whose worker process is gone as lost. With
+    a shared database several launchers (machines) may share a directory."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    # One launcher per journal: it may then treat every RUNNING trial whose worker process is
-    # gone as lost. With a shared database several launchers (machines) may share a directory.
     lock = open(sweep_dir / ".lock", "w")
     try:
-        if not storage_url:
+        if not shared:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        lock.close()
         raise ValueError(f"{sweep_dir}: another `sandbox sweep` is running here "
                          f"(see `sandbox sweep status {sweep_dir}`)") from None
-    # sweep.json first: `sandbox sweep status` (and anything polling the directory) finds the
-    # study name as soon as the journal exists; written whole (a rerun rewrites it while others may read it)
+    return lock
+
+
+def _open_study(spec, sweep_dir, storage_url, heartbeat, storage_timeout, retry_failed, retrain):
+    """The sweep's study, its lost trials requeued and its points not held yet queued: (study, trials newly
+    queued, notes)."""
+    # sweep.json first: `sandbox sweep status` (and anything polling the directory) finds the study name as
+    # soon as the journal exists; written whole (a rerun rewrites it while others may read it)
     write_json(sweep_dir / "sweep.json", {"study": spec.name, "source": str(spec.source),
-                                          "storage": _public_url(storage_url) if storage_url else None})
+                                          "storage": _public_url(storage_url) if storage_url else None,
+                                          "overrides": spec.overrides})
     storage = open_storage(sweep_dir, storage_url, heartbeat, storage_timeout)
-    hb = uses_heartbeat(storage)
-    prepare_study(spec, storage)
+    study = prepare_study(spec, storage)
     shutil.copyfile(spec.source, sweep_dir / "sweep.yaml")
-    study = load_study(storage, spec.name, spec.fingerprint()["pruning"])
-    notes = reap(study, hb, adopt_foreign=True)
+    notes = reap(study, uses_heartbeat(storage), adopt_foreign=True)
     added = enqueue_points(study, spec, retry_failed, retrain)
+    return study, added, notes
+
+
+def _plan(spec, sweep_dir, gpus, workers, workers_per_gpu, stack, time_limit, console) -> Plan:
     stack = packing.group_size(spec) if stack is None else stack
-    mps, grow = None, False
+    mps, grow, notes = None, False, []
     if gpus and time_limit is not None and workers_per_gpu is None and not workers:
         # stacks are sized to the limit by paces measured alone; a second worker would slow them to half
         notes.append("packing: one worker per GPU under a time limit (a second one, sharing the GPU, would "
@@ -132,142 +179,180 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
         if mps is not None and workers_per_gpu is None:
             workers_per_gpu, grow = packing.START_WORKERS_PER_GPU, True
     slots = worker_slots(gpus, workers, workers_per_gpu)
-    t0 = time.time()
-    until = t0 + time_limit if time_limit is not None else None
+    until = time.time() + time_limit if time_limit is not None else None
     packing.clear_pace(sweep_dir)
     threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, (os.cpu_count() or 1) // len(slots))
-    (sweep_dir / "logs").mkdir(exist_ok=True)
+    return Plan(slots, stack, mps, grow, until, threads, notes)
+
+
+def _announce(console, spec, sweep_dir, storage_url, gpus, plan: Plan, added, time_limit, notes) -> None:
+    slots = plan.slots
     where = f"{len(gpus)} GPU(s) x {len(slots) // len(gpus)}" if gpus else "CPU"
-    console.print(f"sweep [bold]{spec.name}[/]: {len(spec.points())} points ({added} newly queued), "
-                  f"{len(slots)} workers on {where}; storage "
+    overrides = f" with --set {' --set '.join(spec.overrides)}" if spec.overrides else ""
+    console.print(f"sweep [bold]{spec.name}[/]{overrides}: {len(spec.points())} trials over {spec.grid_points} "
+                  f"grid points ({added} newly queued), {len(slots)} workers on {where}; storage "
                   f"{_public_url(storage_url) if storage_url else sweep_dir / 'study.journal'}; "
-                  f"dir {sweep_dir}; logs {sweep_dir / 'logs'}")
-    console.print(f"packing: up to {stack} trials of a grid point stacked in each worker; "
+                  f"dir {sweep_dir}; logs {sweep_dir / 'logs'}", highlight=False)
+    console.print(f"packing: up to {plan.stack} trials of a grid point stacked in each worker; "
                   + (f"{len(slots) // len(gpus)} worker(s) per GPU" if gpus else f"{len(slots)} CPU worker(s)")
-                  + (f" under CUDA MPS (private daemon in {mps.root})" if mps else "")
+                  + (f" under CUDA MPS (private daemon in {plan.mps.root})" if plan.mps else "")
                   + (f", one more while a GPU stays under {packing.IDLE_BELOW:.0f}% busy for "
                      f"{packing.WINDOW_S:.0f} s with its workers training (at most {packing.MAX_WORKERS_PER_GPU})"
-                     if grow else ""))
-    if until is not None:
-        console.print(f"time limit: {time_limit:.0f} s (until {time.strftime('%H:%M:%S', time.localtime(until))}); "
-                      f"workers take only trials that finish by then at their kind's measured pace, and stop "
-                      f"the rest in order at the limit")
+                     if plan.grow else ""), highlight=False)
+    if plan.until is not None:
+        console.print(f"time limit: {time_limit:.0f} s (until {time.strftime('%H:%M:%S', time.localtime(plan.until))}"
+                      f"); workers take only trials that finish by then at their kind's measured pace, and stop "
+                      f"the rest in order at the limit", highlight=False)
     for note in notes:
-        console.print(note)
+        console.print(note, highlight=False)
 
-    def spawn(slot: int) -> subprocess.Popen:
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **(mps.env if mps else {}))
-        if slots[slot] is not None:
-            env["CUDA_VISIBLE_DEVICES"] = slots[slot]
-        cmd = [sys.executable, "-m", "sandbox.sweep.worker", "--worker", str(sweep_dir), "--study", spec.name,
-               "--parent", str(os.getpid()), "--threads", str(threads), "--storage-timeout", str(storage_timeout),
-               "--stack", str(stack)]
-        if until is not None:
-            cmd += ["--until", f"{until:.3f}"]
-        if storage_url:
-            cmd += ["--storage", storage_url, "--heartbeat", str(heartbeat or 10)]
-        with open(sweep_dir / "logs" / f"worker-{slot}.log", "a") as log:    # workers get their own session:
+
+@dataclass
+class Outcome:
+    interrupted: bool = False
+    out_of_time: bool = False        # a worker found that no waiting trial finishes before the limit
+    timed_out: bool = False          # the limit came with workers still training
+
+
+class _Launch:
+    """Keeps one worker process per slot alive while trials wait, requeues the trials of workers that die, adds
+    workers to an underfilled GPU, and shows the progress."""
+
+    def __init__(self, spec, sweep_dir, study, plan: Plan, gpus, storage_url, heartbeat, storage_timeout):
+        self.spec, self.dir, self.study, self.plan, self.gpus = spec, sweep_dir, study, plan, gpus
+        self.storage_url, self.heartbeat, self.storage_timeout = storage_url, heartbeat, storage_timeout
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.crashes = 0
+        self.retired: set[int] = set()      # slots not refilled: their worker ran out of memory next to others
+        self.changed = {g: time.time() for g in gpus}
+        self.sampler = GpuSampler(gpus)
+        self.outcome = Outcome()
+
+    def supervise(self, board) -> Outcome:
+        (self.dir / "logs").mkdir(exist_ok=True)
+        self.sampler.start()
+        hb = uses_heartbeat(self.study.storage)
+        try:
+            with board:
+                while True:
+                    self._collect_exits(board)
+                    for note in reap(self.study, hb):
+                        board.note(note)
+                    trials = trials_in(self.study)
+                    waiting = sum(t.state.name == "WAITING" for t in trials)
+                    running = sum(t.state.name == "RUNNING" for t in trials)
+                    crashed = self.crashes > 3 * len(self.plan.slots)
+                    if waiting and not crashed and not self.outcome.out_of_time:
+                        waiting = self._fill(waiting)
+                        if self.plan.grow and waiting > 0:
+                            self._grow(board)
+                    board.update(trials, len(self.procs), self.sampler.latest())
+                    if self._done(board, waiting, running, crashed):
+                        break
+                    time.sleep(1.0)
+        except KeyboardInterrupt:
+            self.outcome.interrupted = True
+            board.console.print("interrupted: stopping workers (their trials are requeued and resume from a "
+                                "checkpoint)")
+            _stop_workers(self.procs, self.study)
+        except StorageUnavailable:
+            _stop_workers(self.procs, self.study)      # they checkpoint; the caller says how to resume
+            raise
+        finally:
+            self.sampler.done.set()
+        return self.outcome
+
+    def _collect_exits(self, board) -> None:
+        slots = self.plan.slots
+        for slot, p in list(self.procs.items()):
+            code = p.poll()
+            if code is None:
+                continue
+            del self.procs[slot]
+            self.outcome.out_of_time |= code == packing.EXIT_TIME_LIMIT
+            if code == packing.EXIT_MEMORY and any(slots[s] == slots[slot] for s in self.procs):
+                self.retired.add(slot)
+                self.changed[slots[slot]] = float("inf")      # and no more workers there
+                board.note(f"packing: gpu{slots[slot]} ran out of memory; going on with "
+                           f"{sum(slots[s] == slots[slot] for s in self.procs)} worker(s) there")
+            if code not in (0, 130, EXIT_STORAGE, packing.EXIT_TIME_LIMIT, packing.EXIT_MEMORY):
+                self.crashes += 1
+                board.note(f"worker {slot} (pid {p.pid}) exited with {code}; see logs/worker-{slot}.log")
+
+    def _fill(self, waiting: int) -> int:
+        """Start a worker in each free slot while trials wait; the waiting trials no worker was started for."""
+        free = [s for s in range(len(self.plan.slots)) if s not in self.procs and s not in self.retired]
+        for slot in free[:waiting]:
+            self.procs[slot] = self._spawn(slot)
+            waiting -= self.plan.stack
+        return waiting
+
+    def _grow(self, board) -> None:
+        """One more worker on a GPU that stayed underfilled with all its workers training (under MPS)."""
+        slots, now, sampler = self.plan.slots, time.time(), self.sampler
+        for g in self.gpus:
+            n = sum(slots[s] == g for s in self.procs)
+            since = packing.training_since(self.dir, [self.procs[s].pid for s in self.procs if slots[s] == g])
+            if (g.isdigit() and n < packing.MAX_WORKERS_PER_GPU and now - self.changed[g] > packing.WINDOW_S
+                    and since is not None
+                    and packing.underfilled(sampler.samples, sampler.times, int(g), now, since=since)
+                    and packing.room_for_one_more(sampler.samples[-1][int(g)][1], sampler.total_mib.get(int(g), 0.0),
+                                                  n)):
+                slots.append(g)
+                self.changed[g] = now
+                self.procs[len(slots) - 1] = self._spawn(len(slots) - 1)
+                board.note(f"packing: gpu{g} stayed under {packing.IDLE_BELOW:.0f}% busy with its workers "
+                           f"training; worker {n + 1} on it")
+
+    def _done(self, board, waiting: int, running: int, crashed: bool) -> bool:
+        if self.plan.until is not None and time.time() >= self.plan.until and self.procs:
+            self.outcome.timed_out = True
+            board.note("time limit reached: stopping the running trials (they resume from checkpoints)")
+            _stop_workers(self.procs, self.study)
+            self.procs.clear()
+            return True
+        if self.procs:
+            return False
+        if self.outcome.out_of_time:
+            board.note(f"time limit: {waiting} waiting trial(s) would not finish before it; they stay queued")
+            return True
+        if crashed:
+            board.note("workers keep crashing; stopping (see the logs)")
+            return True
+        # trials still running elsewhere (another machine, or a previous launcher's worker finishing): wait, so
+        # that a retry of theirs is picked up here
+        return not waiting and not running
+
+    def _spawn(self, slot: int) -> subprocess.Popen:
+        plan = self.plan
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(plan.mps.env if plan.mps else {}))
+        if plan.slots[slot] is not None:
+            env["CUDA_VISIBLE_DEVICES"] = plan.slots[slot]
+        cmd = [sys.executable, "-m", "sandbox.sweep.worker", "--worker", str(self.dir), "--study", self.spec.name,
+               "--parent", str(os.getpid()), "--threads", str(plan.threads), "--storage-timeout",
+               str(self.storage_timeout), "--stack", str(plan.stack)]
+        if plan.until is not None:
+            cmd += ["--until", f"{plan.until:.3f}"]
+        if self.storage_url:
+            cmd += ["--storage", self.storage_url, "--heartbeat", str(self.heartbeat or 10)]
+        with open(self.dir / "logs" / f"worker-{slot}.log", "a") as log:    # workers get their own session:
             return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,   # a terminal's Ctrl-C
                                     start_new_session=True)                             # reaches the launcher only
 
-    procs: dict[int, subprocess.Popen] = {}
-    crashes, interrupted, out_of_time, timed_out = 0, False, False, False
-    retired: set[int] = set()           # slots not refilled: their worker ran out of memory next to others
-    changed = {g: t0 for g in gpus}
-    sampler = GpuSampler(gpus)
-    sampler.start()
-    board = report.Board(console, spec.name, t0, live, spec.objective.direction)
-    try:
-        with board:
-            while True:
-                for slot, p in list(procs.items()):
-                    code = p.poll()
-                    if code is not None:
-                        del procs[slot]
-                        out_of_time |= code == packing.EXIT_TIME_LIMIT
-                        if code == packing.EXIT_MEMORY and any(slots[s] == slots[slot] for s in procs):
-                            retired.add(slot)
-                            changed[slots[slot]] = float("inf")      # and no more workers there
-                            board.note(f"packing: gpu{slots[slot]} ran out of memory; going on with "
-                                       f"{sum(slots[s] == slots[slot] for s in procs)} worker(s) there")
-                        if code not in (0, 130, EXIT_STORAGE, packing.EXIT_TIME_LIMIT, packing.EXIT_MEMORY):
-                            crashes += 1
-                            board.note(f"worker {slot} (pid {p.pid}) exited with {code}; see logs/worker-{slot}.log")
-                for note in reap(study, hb):
-                    board.note(note)
-                trials = trials_in(study)
-                waiting = sum(t.state.name == "WAITING" for t in trials)
-                running = sum(t.state.name == "RUNNING" for t in trials)
-                crashed = crashes > 3 * len(slots)
-                if waiting and not crashed and not out_of_time:
-                    for slot in [s for s in range(len(slots)) if s not in procs and s not in retired][:waiting]:
-                        procs[slot] = spawn(slot)
-                        waiting -= stack
-                if grow and waiting > 0 and not crashed and not out_of_time:
-                    now = time.time()
-                    for g in gpus:
-                        n = sum(slots[s] == g for s in procs)
-                        since = packing.training_since(sweep_dir, [procs[s].pid for s in procs if slots[s] == g])
-                        if (g.isdigit() and n < packing.MAX_WORKERS_PER_GPU and now - changed[g] > packing.WINDOW_S
-                                and since is not None
-                                and packing.underfilled(sampler.samples, sampler.times, int(g), now, since=since)
-                                and packing.room_for_one_more(sampler.samples[-1][int(g)][1],
-                                                              sampler.total_mib.get(int(g), 0.0), n)):
-                            slots.append(g)
-                            changed[g] = now
-                            procs[len(slots) - 1] = spawn(len(slots) - 1)
-                            board.note(f"packing: gpu{g} stayed under {packing.IDLE_BELOW:.0f}% busy with its "
-                                       f"workers training; worker {n + 1} on it")
-                board.update(trials, len(procs), sampler.latest())
-                if until is not None and time.time() >= until and procs:
-                    timed_out = True
-                    board.note("time limit reached: stopping the running trials (they resume from checkpoints)")
-                    _stop_workers(procs, study)
-                    procs.clear()
-                    break
-                if not procs:
-                    if out_of_time:
-                        board.note(f"time limit: {waiting} waiting trial(s) would not finish before it; "
-                                   f"they stay queued")
-                        break
-                    if crashed:
-                        board.note("workers keep crashing; stopping (see the logs)")
-                        break
-                    if not waiting and not running:
-                        break
-                    # else: trials still run elsewhere (another machine, or a previous launcher's
-                    # worker finishing); wait, so that a retry of theirs is picked up here
-                time.sleep(1.0)
-    except KeyboardInterrupt:
-        interrupted = True
-        console.print("interrupted: stopping workers (their trials are requeued and resume from a checkpoint)")
-        _stop_workers(procs, study)
-    except StorageUnavailable:
-        _stop_workers(procs, study)      # they checkpoint; the caller says how to resume
-        raise
-    finally:
-        sampler.done.set()
-        if mps is not None:
-            mps.stop()
-        wall = time.time() - t0
-        try:
-            trials = trials_in(study)
-            report.write_outputs(sweep_dir, study, trials, wall_s=wall, since=t0, gpu_samples=sampler.samples,
-                                 console=console)
-        finally:
-            lock.close()
-    if interrupted:
-        console.print(f"rerun `sandbox sweep {spec.source}` (same --out) to resume")
+
+def _closing(console, spec, study, outcome: Outcome) -> int:
+    again = f"sandbox sweep {spec.source}" + "".join(f" --set {o}" for o in spec.overrides)
+    if outcome.interrupted:
+        console.print(f"rerun `{again}` (same --out) to resume")
         return 130
-    left = [t for t in trials if t.state.name in ("WAITING", "RUNNING")]
-    if left and (timed_out or out_of_time):
-        console.print(f"time limit: {len(left)} trial(s) left; rerun `sandbox sweep {spec.source}` (same --out) "
-                      f"to go on")
+    left = [t for t in trials_in(study) if t.state.name in ("WAITING", "RUNNING")]
+    if left and (outcome.timed_out or outcome.out_of_time):
+        console.print(f"time limit: {len(left)} trial(s) left; rerun `{again}` (same --out) to go on")
     return 1 if left else 0
 
 
 def _stop_workers(procs: dict, study) -> None:
-    study._storage.stop_retrying()      # stopping: an outage is not waited out
+    study.storage.stop_retrying()      # stopping: an outage is not waited out
     for p in procs.values():
         if p.poll() is None:
             p.send_signal(signal.SIGINT)

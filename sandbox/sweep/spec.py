@@ -6,10 +6,25 @@ is turned into a run config and validated with the run-config parser before anyt
 runs, so a bad point fails the whole sweep at once with a one-line
 ``ConfigError`` naming the file and the key.
 
-A *point* is one trial to run: the grid values, the tuned values and, for sampled
-ranges, the sample index. ``point_id`` (a hash of all three) identifies it in the
-Optuna study so that each point is enqueued exactly once; ``grid_id`` groups the
-trials of one grid point (best over the tuned keys, per-point pruning).
+Words: a *grid point* is one combination of the grid's values; a *trial* is one run of it
+with one set of tuned values (and, for sampled ranges, one sample index). A ``Point`` below
+is what one trial runs: the grid values, the tuned values and the sample index;
+``point_id`` (a hash of the three; the name is kept, as the studies and results files of
+earlier sweeps hold it) identifies it in the Optuna study so that each is enqueued exactly
+once, and ``grid_id`` groups the trials of one grid point (best over the tuned keys,
+per-point pruning).
+
+In the study every grid and tuned value is an Optuna parameter with its distribution
+(``SweepSpec.distributions``), so Optuna's own tools (``trials_dataframe``,
+``optuna.visualization``, optuna-dashboard) read a sweep: a grid axis is categorical over
+its values, a tuned key of floats is a float range (log where every value is positive).
+Optuna's categorical choices are None, bool, int, float or str: a list value (a layer
+pattern such as ``[gla, attention]``) is stored as its JSON text and read back as the list
+(``param_value``, ``from_param``).
+
+``load_sweep(path, overrides)`` applies ``--set KEY=VALUE`` to the base config; the study
+of such a variant is named after the sweep and a hash of its overrides, so that it never
+mixes with the sweep's own study.
 """
 from __future__ import annotations
 
@@ -24,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from sandbox.config import (ConfigError, RunConfig, config_from_dict, flatten, parse_dataclass, read_yaml,
-                            set_dotted, to_dict)
+from sandbox.config import (ConfigError, RunConfig, config_from_dict, flatten, parse_dataclass, parse_override,
+                            read_yaml, set_dotted, to_dict)
 
 TOP_KEYS = ("name", "base", "grid", "tune", "objective", "pruning")
 METRICS = ("test/accuracy", "test/loss")
@@ -66,6 +81,7 @@ class Range:
 
 @dataclass
 class Point:
+    """What one trial runs: a grid point's values with one set of tuned values."""
     grid: dict[str, Any]          # dotted key -> value
     tune: dict[str, Any]          # dotted key -> value (listed or sampled)
     sample: int | None            # index of the sampled value set (ranges only)
@@ -75,6 +91,29 @@ class Point:
     def label(self, keys=None) -> str:
         items = {**self.grid, **self.tune}
         return " ".join(f"{k}={_fmt(v)}" for k, v in items.items() if keys is None or k in keys) or "(base)"
+
+    def params(self) -> dict[str, Any]:
+        """The values as Optuna parameters (``param_value``)."""
+        return {k: param_value(v) for k, v in {**self.grid, **self.tune}.items()}
+
+
+def param_value(value):
+    """A config value as an Optuna parameter value: as it is, or, for a list or mapping, its JSON text."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return json.dumps(value, sort_keys=True)
+
+
+def from_param(value):
+    """The config value of an Optuna parameter value (``param_value`` undone)."""
+    if isinstance(value, str) and value[:1] in ("[", "{"):
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return value
+        if isinstance(decoded, (list, dict)):
+            return decoded
+    return value
 
 
 @dataclass
@@ -87,6 +126,7 @@ class SweepSpec:
     tune_ranges: dict[str, Range] = field(default_factory=dict)
     objective: Objective = field(default_factory=Objective)
     pruning: Pruning | None = None
+    overrides: list[str] = field(default_factory=list)     # --set KEY=VALUE applied to the base
     _points: list[Point] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -106,8 +146,12 @@ class SweepSpec:
         return {"base": self.base, "objective": dict(vars(self.objective)),
                 "pruning": dict(vars(self.pruning)) if self.pruning else None}
 
+    @property
+    def grid_points(self) -> int:
+        return math.prod(len(rows) for _, rows in self.axes)
+
     def points(self) -> list[Point]:
-        """All trial points, in YAML order (the last grid axis varies fastest, tuned values
+        """What every trial runs, in YAML order (the last grid axis varies fastest, tuned values
         vary within a grid point)."""
         if self._points is None:
             self._points = self._make_points()
@@ -126,6 +170,26 @@ class SweepSpec:
                     t = {**tune, **(values or {})}
                     ident = {"grid": grid, "tune": tune, "sample": None if values is None else s}
                     out.append(Point(grid, t, ident["sample"], grid_id, _hash(ident)))
+        return out
+
+    def distributions(self) -> dict:
+        """Each grid and tuned key's Optuna distribution, over the values its trials take (see the module
+        docstring)."""
+        from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+        values: dict[str, dict] = {}
+        for p in self.points():
+            for k, v in {**p.grid, **p.tune}.items():
+                values.setdefault(k, {}).setdefault(json.dumps(v, sort_keys=True), v)
+        out = {}
+        for k, seen in values.items():
+            vs = list(seen.values())
+            if k in self.tune_keys and all(isinstance(v, float) for v in vs):
+                r = self.tune_ranges.get(k)
+                low, high = (min(*vs, r.low), max(*vs, r.high)) if r else (min(vs), max(vs))
+                out[k] = FloatDistribution(low, high, log=r.log if r else low > 0)
+            else:
+                out[k] = CategoricalDistribution([param_value(v) for v in vs])
         return out
 
     def _sample(self, grid_id: str) -> list[dict] | None:
@@ -183,8 +247,9 @@ def _point_error(src: str, where: str, err: ConfigError) -> ConfigError:
                        else err.reason)
 
 
-def load_sweep(path) -> SweepSpec:
-    """Read and validate a sweep file; every error is a one-line ``ConfigError``."""
+def load_sweep(path, overrides=()) -> SweepSpec:
+    """Read and validate a sweep file, with ``--set KEY=VALUE`` overrides of its base config; every error is a
+    one-line ``ConfigError`` (naming ``--set`` for an override's)."""
     path = Path(path)
     src = str(path)
     raw = read_yaml(path)
@@ -202,12 +267,9 @@ def load_sweep(path) -> SweepSpec:
         base_raw = read_yaml(path.parent / base_raw)
     if not isinstance(base_raw, dict):
         raise ConfigError(src, "base", "missing: a run config (task, model, train) or the path of one")
-    try:
-        base_cfg = config_from_dict(copy.deepcopy(base_raw), src)
-    except ConfigError as e:
-        raise ConfigError(src, f"base.{e.key}" if e.key else "base", e.reason) from None
-    base = to_dict(base_cfg)
-    base["name"] = None
+    base = _parse_base(base_raw, list(overrides), raw, src)
+    if overrides:       # a variant: its own study, never mixed with the sweep's (the same --set resumes it)
+        name = f"{name}-set-{_hash(sorted(overrides))[:6]}"
 
     axes = _parse_grid(raw.get("grid"), src)
     tune_lists, tune_ranges = _parse_tune(raw.get("tune"), src)
@@ -242,7 +304,7 @@ def load_sweep(path) -> SweepSpec:
     pruning = _parse_section(Pruning, raw["pruning"], "pruning", src) if raw.get("pruning") is not None else None
     if pruning is not None and not pruning.median:
         pruning = None
-    spec = SweepSpec(name, src, base, axes, tune_lists, tune_ranges, objective, pruning)
+    spec = SweepSpec(name, src, base, axes, tune_lists, tune_ranges, objective, pruning, list(overrides))
 
     # ... then every combination (a grid value may be valid alone but not with another)
     lists = list(itertools.product(*tune_lists.values())) or [()]
@@ -257,6 +319,30 @@ def load_sweep(path) -> SweepSpec:
                     raise ConfigError(src, "train.device", "a sweep places trials on GPUs itself (one "
                                       "CUDA_VISIBLE_DEVICES per worker); use auto, cuda or cpu")
     return spec
+
+
+def _parse_base(base_raw: dict, overrides: list[str], raw: dict, src: str) -> dict:
+    """The validated base config, with the overrides applied: a plain nested dict."""
+    data = copy.deepcopy(base_raw)
+    swept = {str(k).strip() for axis in (raw.get("grid") or {}) for k in str(axis).split(",")} | \
+        {str(k) for k in (raw.get("tune") or {})}
+    given = {}
+    for item in overrides:
+        key, value = parse_override(item)
+        if key in swept:
+            raise ConfigError("--set", item, f"{key} is a grid or tuned key of {src}; the sweep sets it per trial")
+        set_dotted(data, key, value, "--set")
+        given[key] = item
+    try:
+        cfg = config_from_dict(data, src)
+    except ConfigError as e:
+        item = next((given[k] for k in given if (e.key or "") == k or (e.key or "").startswith(k + ".")), None)
+        if item is not None:
+            raise ConfigError("--set", item, e.reason) from None
+        raise ConfigError(src, f"base.{e.key}" if e.key else "base", e.reason) from None
+    base = to_dict(cfg)
+    base["name"] = None
+    return base
 
 
 def _check(base: dict, values: dict, src: str, where: str) -> RunConfig:

@@ -16,6 +16,14 @@ sweep should wait for it, not die. Three pieces:
                     thread, so training never waits for the storage; what it could not send
                     during an outage goes out once the storage is back.
 
+This is the one module that reaches into Optuna's internals, each for a reason its public
+API does not serve: the heartbeat storage's base class and its stale-trial query
+(``BaseHeartbeat``, ``_get_stale_trial_ids``), to apply the rule below; the journal file's
+lock and path (``get_lock_file``, ``_lock``, ``_file_path``), to append whole records only;
+and the cache Optuna puts in front of an RDB storage (``_CachedStorage``, which
+``optuna.storages.get_storage`` adds but is "only for internal usage"), which the guard
+wraps instead of the bare RDB storage. The rest of the sweep uses Optuna's public API.
+
 Heartbeat rule (lost-trial detection with a database): silence counts only while this
 process can reach the storage. A trial is declared lost when its last heartbeat is older
 than the grace period *and* this process has been connected for a whole grace period
@@ -34,7 +42,7 @@ import threading
 import time
 
 from optuna.exceptions import UpdateFinishedTrialError
-from optuna.storages import BaseStorage
+from optuna.storages import BaseStorage, _CachedStorage
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import JournalFileBackend
 from optuna.storages.journal._file import get_lock_file
@@ -184,6 +192,11 @@ class StorageGuard:
 
 # ---- the storage proxy -------------------------------------------------------------------------
 
+def cached(rdb) -> BaseStorage:
+    """An RDB storage behind Optuna's own cache of the trials (as ``optuna.load_study(storage=url)`` has it)."""
+    return _CachedStorage(rdb)
+
+
 class GuardedStorage(BaseStorage):
     """An Optuna storage whose every call goes through a ``StorageGuard``."""
 
@@ -255,11 +268,25 @@ class GuardedHeartbeatStorage(GuardedStorage, BaseHeartbeat):
 
 # ---- the journal file ---------------------------------------------------------------------------
 
+class CorruptJournal(ValueError):
+    """A journal line in the middle of the file is not a whole JSON record."""
+
+
 class SafeJournalFile(JournalFileBackend):
     """Optuna's journal file, appending whole records only. A write that fails part-way (a
     full disk, a file-size limit) is cut back to where it began, and a torn record left by a
     process killed while writing is cut off before the next one, so the journal always
-    parses: a torn line followed by more records would make Optuna refuse the whole file."""
+    parses: a torn line followed by more records would make Optuna refuse the whole file.
+    A line spoilt otherwise (an edit, a bad copy) is named with its number and what to do."""
+
+    def read_logs(self, log_number_from: int):
+        try:
+            yield from super().read_logs(log_number_from)
+        except ValueError as e:          # json's JSONDecodeError, or Optuna's "Invalid log format."
+            n = _first_bad_line(self._file_path)
+            where = f"line {n}" if n is not None else "a line"
+            raise CorruptJournal(f"{self._file_path}: {where} is not a whole JSON record ({e}); remove or repair "
+                                 f"{where} of {self._file_path}; the lines after it are kept") from None
 
     def append_logs(self, logs: list[dict]) -> None:
         data = ("\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n").encode("utf-8")
@@ -277,6 +304,19 @@ class SafeJournalFile(JournalFileBackend):
                     raise OSError(e.errno, e.strerror, self._file_path) from None
             finally:
                 os.close(fd)
+
+
+def _first_bad_line(path: str) -> int | None:
+    """The number (from 1) of the first line of the journal that does not parse, the last line left out (a
+    record being written now)."""
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")[:-1]       # whole lines: each ends with a newline
+    for n, line in enumerate(lines, start=1):
+        try:
+            json.loads(line)
+        except ValueError:
+            return n
+    return None
 
 
 def _cut_torn_tail(fd: int) -> int:
@@ -366,8 +406,7 @@ class TrialReporter:
             verdict = None
             try:
                 if kind == "report":
-                    if step not in self.trial._cached_frozen_trial.intermediate_values:
-                        self.trial.report(value, step)
+                    self.trial.report(value, step)
                 else:
                     verdict = self.trial.should_prune()
             except UpdateFinishedTrialError as e:

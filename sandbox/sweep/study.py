@@ -6,24 +6,36 @@ machines, with heartbeats). Every trial's values are fixed when it is enqueued, 
 Optuna's sampler never samples; the study is the queue, the record and the pruner's
 memory.
 
+A trial's grid and tuned values are its Optuna ``params``, with their distributions
+(spec.py says which), from the moment it is queued: Optuna's tools read a sweep's storage
+as they read any study (``study.trials_dataframe()``, ``optuna.visualization``,
+``optuna-dashboard sqlite:///...`` or on the journal). ``point_values`` reads them back
+(and reads the studies written before, which kept them in the ``grid`` and ``tune``
+attributes).
+
 Trial bookkeeping (all in the study, so any machine can resume or report):
-  user_attrs  grid, tune, sample, grid_id, point_id   what the trial is
-              run_dir, worker ("host:pid:gpu")         where it runs
-              result (train's summary), failure         how it ended; a ``failure``
-                                                        is final and never re-run
-              lost, duplicate_of                        superseded trials (FAIL)
-              retry_of, retry_reason, retries           a copy of a lost trial
-              retrain_of, retrain_reason                a finished trial trained again
-                                                        (``--retrain``); the one it
-                                                        retrains is superseded
+  params      grid and tuned values                    what the trial runs
+  user_attrs  grid_keys, tune_keys, sample,            which params are which, and
+              grid_id, point_id                        the trial's identity
+              run_dir, worker ("host:pid:gpu"), stack  where it runs, with which others
+              result (train's RunResult summary),      how it ended; a ``failure``
+              failure                                  is final and never re-run
+              lost, duplicate_of                       superseded trials (FAIL)
+              retry_of, retry_reason, retries          a copy of a lost trial
+              retrain_of, retrain_reason               a finished trial trained again
+                                                       (``--retrain``); the one it
+                                                       retrains is superseded
 A trial whose worker died (seen by the launcher on its own host, or by a missed
 heartbeat with PostgreSQL) or that was interrupted is marked FAIL and re-enqueued
-as a copy that trains in the same run directory, resuming its checkpoint.
+as a copy that trains in the same run directory, resuming its checkpoint (``requeue``).
+Optuna's ``RetryHeartbeatStaleTrialCallback`` does the same for a missed heartbeat, but it
+copies every attribute of the lost trial (its dead worker, which the reaper would take
+for the copy's until a worker claims it), records no reason, and leaves a point lost for
+good after its last retry instead of failing it; the journal path needs ``requeue``
+anyway, so both paths use it.
 Every storage call is retried through outages (storage.py), and silence measured
 while the storage was unreachable does not make a trial lost.
 The pruner compares trials of one grid point only (``GridMedianPruner``).
-Optuna's private ``study._storage`` / ``study._study_id`` are used for the atomic
-queue operations that its public API only exposes inside ``Study.optimize``.
 """
 from __future__ import annotations
 
@@ -41,8 +53,9 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState, create_trial
 
+from sandbox.sweep.spec import from_param
 from sandbox.sweep.storage import (DEFAULT_TIMEOUT_S, MAX_BACKOFF_S, GuardedHeartbeatStorage, GuardedStorage,
-                                   SafeJournalFile, StorageGuard)
+                                   SafeJournalFile, StorageGuard, cached)
 from sandbox.train.signals import process_alive
 
 # machine name recorded on trials (set it where machines share a hostname, e.g. containers)
@@ -59,7 +72,6 @@ def open_storage(sweep_dir: Path, url: str | None, heartbeat: int | None = None,
     """The journal file inside the sweep directory, or an RDB (PostgreSQL) URL with heartbeats;
     either way behind a ``StorageGuard`` that retries every call for up to ``timeout`` seconds
     of outage (opening included), printing one line (through ``say``) when it starts and ends."""
-    from optuna.storages import _CachedStorage
     from optuna.storages.journal import JournalFileOpenLock, JournalStorage
 
     guard = StorageGuard(timeout, say=say)
@@ -76,7 +88,7 @@ def open_storage(sweep_dir: Path, url: str | None, heartbeat: int | None = None,
     # the pool logs dropped connections with their tracebacks; the guard's one line says it
     logging.getLogger("sqlalchemy").addHandler(logging.NullHandler())
     rdb = guard.call(_open_rdb, url, hb, grace)
-    return GuardedHeartbeatStorage(_CachedStorage(rdb), guard, grace, sweep_dir)
+    return GuardedHeartbeatStorage(cached(rdb), guard, grace, sweep_dir)
 
 
 def _open_rdb(url: str, heartbeat: int, grace: int):
@@ -126,14 +138,75 @@ def make_pruner(pruning: dict | None):
     return GridMedianPruner(**pruning) if pruning else optuna.pruners.NopPruner()
 
 
-def load_study(storage, name: str, pruning: dict | None = None):
-    """The study (every trial's values are enqueued, so the sampler never samples)."""
-    return optuna.load_study(study_name=name, storage=storage, pruner=make_pruner(pruning),
-                             sampler=optuna.samplers.RandomSampler(seed=0))
+class SweepStudy(optuna.study.Study):
+    """The sweep's study and the storage it was opened on. Optuna's ``Study`` reads the trials, tells their
+    results and (through ``trial``) reports evaluations; what it does only inside ``optimize`` - claim a waiting
+    trial, set a trial's attribute or state, add a trial and learn its number - goes through the storage's public
+    ``BaseStorage`` methods here, by trial number: a sweep's worker claims the trials that stack with each other,
+    not the oldest waiting one that ``Study.ask`` would give it."""
+
+    def __init__(self, storage, name: str):
+        # every trial's values are enqueued, so the sampler never samples
+        super().__init__(study_name=name, storage=storage, sampler=optuna.samplers.RandomSampler(seed=0))
+        self.pruner = make_pruner((self.user_attrs.get("spec") or {}).get("pruning"))
+        self.storage = storage
+        self.study_id = storage.get_study_id_from_name(name)
+        self._ids: dict[int, int] = {}
+
+    def trial_id(self, number: int) -> int:
+        if number not in self._ids:      # a trial's id never changes: one look-up each
+            self._ids[number] = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+        return self._ids[number]
+
+    def trial_by_number(self, number: int):
+        """The trial as it is now (a FrozenTrial)."""
+        return self.storage.get_trial(self.trial_id(number))
+
+    def set_trial_attr(self, number: int, key: str, value) -> None:
+        self.storage.set_trial_user_attr(self.trial_id(number), key, value)
+
+    def claim(self, number: int) -> bool:
+        """Take a WAITING trial (RUNNING from now on); False if another worker took it first."""
+        try:
+            return self.storage.set_trial_state_values(self.trial_id(number), state=TrialState.RUNNING)
+        except UpdateFinishedTrialError:
+            return False
+
+    def fail(self, number: int) -> bool:
+        """Mark a trial FAIL (raises UpdateFinishedTrialError if it has finished meanwhile)."""
+        return self.storage.set_trial_state_values(self.trial_id(number), state=TrialState.FAIL)
+
+    def beat(self, number: int) -> None:
+        self.storage.record_heartbeat(self.trial_id(number))
+
+    def add(self, template) -> int:
+        """``add_trial`` of a trial made by ``create_trial`` (which validates it) that returns its number."""
+        tid = self.storage.create_new_trial(self.study_id, template_trial=template)
+        return self.storage.get_trial_number_from_id(tid)
+
+    def trial(self, number: int):
+        """An ``optuna.trial.Trial`` to report evaluations and ask the pruner through (what ``ask`` returns)."""
+        return optuna.trial.Trial(self, self.trial_id(number))
+
+
+def load_study(storage, name: str) -> SweepStudy:
+    """The sweep's study, with the pruner its sweep file asked for."""
+    return SweepStudy(storage, name)
 
 
 def trials_in(study, states=None):
     return study.get_trials(deepcopy=False, states=states)
+
+
+def point_values(trial) -> tuple[dict, dict]:
+    """(grid values, tuned values) of a trial, in the sweep file's order: from its params, or, for a trial of a
+    study written before params held them, from its ``grid`` and ``tune`` attributes."""
+    a = trial.user_attrs
+    if "grid" in a:
+        return a["grid"], a.get("tune", {})
+    params = trial.params
+    return ({k: from_param(params[k]) for k in a.get("grid_keys", ()) if k in params},
+            {k: from_param(params[k]) for k in a.get("tune_keys", ()) if k in params})
 
 
 def requeue(study, trial, reason: str, count: bool = True) -> int | None:
@@ -141,32 +214,31 @@ def requeue(study, trial, reason: str, count: bool = True) -> int | None:
     that resumes the same run directory. The copy records ``retry_of`` and ``retry_reason``
     (a finished trial's attributes cannot change). After MAX_RETRIES lost runs the point is
     recorded as failed instead."""
-
-    storage, tid = study._storage, trial._trial_id
     retries = trial.user_attrs.get("retries", 0) + int(count)
     if trial.state == TrialState.RUNNING:
         try:
-            storage.set_trial_user_attr(tid, "lost", reason)
+            study.set_trial_attr(trial.number, "lost", reason)
             if retries > MAX_RETRIES:
-                storage.set_trial_user_attr(tid, FINAL_FAIL, f"its worker was lost {retries} times; last: {reason}")
-            if not storage.set_trial_state_values(tid, state=TrialState.FAIL):
+                study.set_trial_attr(trial.number, FINAL_FAIL, f"its worker was lost {retries} times; last: {reason}")
+            if not study.fail(trial.number):
                 return None
         except UpdateFinishedTrialError:       # someone else finished or failed it first
             return None
     if retries > MAX_RETRIES:
         return None
-    keep = ("grid", "tune", "sample", "grid_id", "point_id", "run_dir", "retrain_of", "retrain_reason")
+    keep = ("grid", "tune", "grid_keys", "tune_keys", "sample", "grid_id", "point_id", "run_dir", "retrain_of",
+            "retrain_reason")
     attrs = {k: trial.user_attrs[k] for k in keep if k in trial.user_attrs}
     attrs.update(retries=retries, retry_of=trial.number, retry_reason=reason)
-    template = create_trial(state=TrialState.WAITING, user_attrs=attrs, system_attrs={"fixed_params": {}})
-    return storage.get_trial_number_from_id(storage.create_new_trial(study._study_id, template_trial=template))
+    return study.add(create_trial(state=TrialState.WAITING, params=trial.params, distributions=trial.distributions,
+                                  user_attrs=attrs))
 
 
 def _requeue_stale(study, trial) -> None:       # RDBStorage's heartbeat-stale callback
     requeue(study, trial, f"no heartbeat from {trial.user_attrs.get('worker', 'its worker')}")
 
 
-_unclaimed_seen: dict[int, float] = {}     # RUNNING trials with no worker yet -> when this process first saw one
+_unclaimed_seen: dict[int, float] = {}     # RUNNING trials with no worker yet (number) -> when this process saw it
 
 
 def reap(study, heartbeat: bool, adopt_foreign: bool = False) -> list[str]:
@@ -184,7 +256,7 @@ def reap(study, heartbeat: bool, adopt_foreign: bool = False) -> list[str]:
     if heartbeat:
         optuna.storages.fail_stale_trials(study)
     now = time.time()
-    quiet_from = getattr(study._storage, "recovered_at", None) or 0.0
+    quiet_from = study.storage.recovered_at or 0.0
     unclaimed = {}
     for t in trials_in(study, (TrialState.RUNNING,)):
         worker = t.user_attrs.get("worker")
@@ -199,7 +271,7 @@ def reap(study, heartbeat: bool, adopt_foreign: bool = False) -> list[str]:
                 notes.append(f"trial {t.number}: {reason}; requeued")
             continue
         if heartbeat:
-            since = unclaimed[t._trial_id] = _unclaimed_seen.get(t._trial_id, now)
+            since = unclaimed[t.number] = _unclaimed_seen.get(t.number, now)
         else:
             since = t.datetime_start.timestamp() if t.datetime_start else now
         if now - max(since, quiet_from) > REAP_GRACE_S and requeue(study, t, "no worker claimed it") is not None:
@@ -213,7 +285,7 @@ def _stopped_cleanly(study, trial) -> str | None:
     """Did the trial's (now gone) worker stop its run in an orderly way, writing result.json
     during this try (e.g. interrupted, with a checkpoint, while the storage was unreachable, so
     it could not requeue the trial itself)? Then requeueing it is not a lost run: say why."""
-    sweep_dir, run_dir = getattr(study._storage, "sweep_dir", None), trial.user_attrs.get("run_dir")
+    sweep_dir, run_dir = study.storage.sweep_dir, trial.user_attrs.get("run_dir")
     if sweep_dir is None or not run_dir or trial.datetime_start is None:
         return None
     path = Path(sweep_dir) / run_dir / "result.json"
@@ -259,7 +331,7 @@ def retrain_matcher(spec, where: list[str]):
         conds.append((key, want))
     match = lambda p: all(_same({**p.grid, **p.tune}.get(k), want) for k, want in conds)
     if not any(match(p) for p in spec.points()):
-        raise ConfigError(spec.source, "--retrain", f"no point has {' '.join(where)}")
+        raise ConfigError(spec.source, "--retrain", f"no trial has {' '.join(where)}")
     return match
 
 
@@ -277,7 +349,8 @@ def _same(value, want) -> bool:
 def enqueue_points(study, spec, retry_failed: bool = False, retrain: list[str] = ()) -> int:
     """Queue every point no trial holds yet; ``retry_failed``: also those whose trials failed; ``retrain``
     (KEY=VALUE conditions): also the finished points that match, once for each set of conditions (e.g. after a
-    fix to a kernel they trained on). A retrained point's earlier trial stays in the study as superseded."""
+    fix to a kernel they trained on). A retrained point's earlier trial stays in the study as superseded.
+    Each trial is queued with its values as params (``Point.params``) and their distributions."""
     trials = trials_in(study)
     gone = superseded(trials)
     held = {t.user_attrs.get("point_id") for t in trials
@@ -287,9 +360,11 @@ def enqueue_points(study, spec, retry_failed: bool = False, retrain: list[str] =
                 if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.number not in gone}
     match = retrain_matcher(spec, list(retrain)) if retrain else None
     reason = "--retrain " + " ".join(retrain)
+    dists = spec.distributions()
     n = 0
     for p in spec.points():
-        attrs = {"grid": p.grid, "tune": p.tune, "sample": p.sample, "grid_id": p.grid_id, "point_id": p.point_id}
+        attrs = {"grid_keys": list(p.grid), "tune_keys": list(p.tune), "sample": p.sample, "grid_id": p.grid_id,
+                 "point_id": p.point_id}
         done = finished.get(p.point_id)
         if match is not None and done is not None and match(p):
             if done.user_attrs.get("retrain_reason") == reason:
@@ -299,12 +374,14 @@ def enqueue_points(study, spec, retry_failed: bool = False, retrain: list[str] =
             continue
         elif p.point_id in failed:   # the worker must not take the failed trial for a duplicate
             attrs.update(retry_of=failed[p.point_id], retry_reason="--retry-failed")
-        study.enqueue_trial({}, user_attrs=attrs)
+        params = p.params()
+        study.add_trial(create_trial(state=TrialState.WAITING, params=params,
+                                     distributions={k: dists[k] for k in params}, user_attrs=attrs))
         n += 1
     return n
 
 
-def prepare_study(spec, storage):
+def prepare_study(spec, storage) -> SweepStudy:
     """Create or load the sweep's study, refusing one that holds another sweep's base config."""
     from sandbox.config import ConfigError, flatten
 
@@ -314,7 +391,7 @@ def prepare_study(spec, storage):
     old = study.user_attrs.get("spec")
     if old is None:
         study.set_user_attr("spec", fp)
-        return study
+        return load_study(storage, spec.name)
     # base keys only one side has are config fields added or removed by a newer sandbox: no change
     a, b = flatten({"base": old["base"]}), flatten({"base": fp["base"]})
     a.update(objective=old.get("objective"), pruning=old.get("pruning"))
@@ -323,7 +400,7 @@ def prepare_study(spec, storage):
         if a[key] != b[key]:
             raise ConfigError(spec.source, key, f"differs from the study {spec.name!r} already in this storage "
                               f"({a[key]!r} there, {b[key]!r} here); change `name` or the output directory")
-    return study
+    return load_study(storage, spec.name)
 
 
 # ---- objective and pruning ---------------------------------------------------------------

@@ -37,11 +37,12 @@ import threading
 import time
 from pathlib import Path
 
+from dataclasses import dataclass
+
 from sandbox.sweep import packing
-from sandbox.sweep.report import RESULT_KEYS
 from sandbox.sweep.storage import DEFAULT_TIMEOUT_S, EXIT_STORAGE, StorageUnavailable, TrialReporter
-from sandbox.sweep.study import (FINAL_FAIL, HOST, heartbeat_interval, holds, load_study, make_pruner, objective_value,
-                                 open_storage, requeue, superseded, trials_in, uses_heartbeat)
+from sandbox.sweep.study import (FINAL_FAIL, HOST, heartbeat_interval, holds, load_study, objective_value,
+                                 open_storage, point_values, requeue, superseded, trials_in, uses_heartbeat)
 
 
 # stacks of the queue whose steps helpers compile ahead of this worker (precompile.py): a few, since the
@@ -68,7 +69,7 @@ class _Worker:
         if self.stop:           # a stop is under way: the launcher and the storage guard may both ask for it,
             return              # and a second KeyboardInterrupt would cut off the checkpoints the first one saves
         self.stop = True
-        self.study._storage.stop_retrying()      # stopping: do not wait out an outage
+        self.study.storage.stop_retrying()      # stopping: do not wait out an outage
         if self.training:
             raise KeyboardInterrupt
 
@@ -80,7 +81,8 @@ class _Worker:
             time.sleep(1.0)
 
     def claim(self) -> list[int]:
-        """Take a WAITING trial and, up to ``--stack``, the waiting trials that can train stacked with it."""
+        """Take a WAITING trial and, up to ``--stack``, the waiting trials that can train stacked with it (their
+        numbers)."""
         from optuna.trial import TrialState
         # workers that start together would each take one trial of the same stack: begin with a stack no
         # running trial belongs to (it is being claimed by another worker), if the queue has one
@@ -105,7 +107,7 @@ class _Worker:
         if first is None:
             self.out_of_time = self.until is not None and bool(trials_in(self.study, (TrialState.WAITING,)))
             return []
-        t = self.study._storage.get_trial(first)
+        t = self.study.trial_by_number(first)
         key, used = self._stack_key(t), self._steps_left(t) or 0
         group = [first]
         self.claimed = True
@@ -114,7 +116,7 @@ class _Worker:
             if tid is None:
                 break
             group.append(tid)
-            used += self._steps_left(self.study._storage.get_trial(tid)) or 0
+            used += self._steps_left(self.study.trial_by_number(tid)) or 0
         return group
 
     def _fits(self):
@@ -164,7 +166,7 @@ class _Worker:
         if t.number not in self._kinds:
             from sandbox.sweep.spec import build_config
             try:
-                cfg = build_config(self.spec["base"], {**t.user_attrs["grid"], **t.user_attrs["tune"]})
+                cfg = build_config(self.spec["base"], _values(t))
                 self._kinds[t.number] = (*_kind_of(cfg), cfg.train.steps)
             except Exception:
                 self._kinds[t.number] = (None, "", None)
@@ -196,38 +198,39 @@ class _Worker:
             self._keys[t.number] = (key, left)
         return self._keys[t.number]
 
-    def _claim_one(self, wanted=lambda t: True):
+    def _claim_one(self, wanted=lambda t: True) -> int | None:
         """Take a WAITING trial that ``wanted`` accepts (atomically, as Optuna's own queue does); drop
-        duplicates."""
-        from optuna.exceptions import UpdateFinishedTrialError
+        duplicates. Its number, or None."""
         from optuna.trial import TrialState
 
-        storage = self.study._storage
-        for t in trials_in(self.study, (TrialState.WAITING,)):
-            if not wanted(t):
+        study = self.study
+        for t in trials_in(study, (TrialState.WAITING,)):
+            if not wanted(t) or not study.claim(t.number):
                 continue
-            try:
-                if not storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
-                    continue
-            except UpdateFinishedTrialError:
+            if uses_heartbeat(study.storage):
+                study.beat(t.number)
+            study.set_trial_attr(t.number, "worker", f"{HOST}:{os.getpid()}:{self.gpu or 'cpu'}")
+            earlier = self._held_elsewhere(t)
+            if earlier is None:
+                return t.number
+            study.set_trial_attr(t.number, "duplicate_of", earlier)
+            study.fail(t.number)
+        return None
+
+    def _held_elsewhere(self, t) -> int | None:
+        """The number of an earlier trial that holds ``t``'s point (done, or claimed before it), if any."""
+        from optuna.trial import TrialState
+
+        point = t.user_attrs.get("point_id")
+        retry = "retry_of" in t.user_attrs      # earlier failures of its point are what it retries
+        trials = trials_in(self.study)
+        gone = superseded(trials)               # finished trials that a retrain replaces
+        for o in trials:
+            if (retry and o.state == TrialState.FAIL and o.number < t.number) or o.number in gone:
                 continue
-            if uses_heartbeat(storage):
-                storage.record_heartbeat(t._trial_id)
-            storage.set_trial_user_attr(t._trial_id, "worker", f"{HOST}:{os.getpid()}:{self.gpu or 'cpu'}")
-            point = t.user_attrs.get("point_id")
-            retry = "retry_of" in t.user_attrs      # earlier failures of its point are what it retries
-            trials = trials_in(self.study)
-            gone = superseded(trials)               # finished trials that a retrain replaces
-            for o in trials:
-                if (retry and o.state == TrialState.FAIL and o.number < t.number) or o.number in gone:
-                    continue
-                if o.number != t.number and o.user_attrs.get("point_id") == point and holds(o) and (
-                        o.state not in (TrialState.RUNNING, TrialState.WAITING) or o.number < t.number):
-                    storage.set_trial_user_attr(t._trial_id, "duplicate_of", o.number)
-                    storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
-                    break
-            else:
-                return t._trial_id
+            if o.number != t.number and o.user_attrs.get("point_id") == point and holds(o) and (
+                    o.state not in (TrialState.RUNNING, TrialState.WAITING) or o.number < t.number):
+                return o.number
         return None
 
     def on_storage_lost(self):
@@ -239,143 +242,172 @@ class _Worker:
     def run(self) -> int:
         signal.signal(signal.SIGINT, self.on_signal)
         signal.signal(signal.SIGTERM, self.on_signal)
-        self.study._storage.guard.on_give_up = self.on_storage_lost
+        self.study.storage.guard.on_give_up = self.on_storage_lost
         threading.Thread(target=self.watch_parent, daemon=True).start()
         while not self.stop:
-            tids = self.claim()
-            if not tids:
+            numbers = self.claim()
+            if not numbers:
                 if self.out_of_time:
                     print("no waiting trial finishes before the time limit at this worker's pace; stopping",
                           flush=True)
                     return packing.EXIT_TIME_LIMIT
                 return 0
-            code = self.run_group(tids)
+            code = self.run_group(numbers)
             packing.release_gpu_memory()        # what this group cached, for the GPU's other workers
             if code is not None:
                 return code
         return 0
 
-    def run_group(self, tids: list[int]) -> int | None:
-        """Train the claimed trials (stacked when there are several) and record how each ended."""
-        import optuna
+    def run_group(self, numbers: list[int]) -> int | None:
+        """Train the claimed trials (stacked when there are several) and record how each ended. Returns an exit
+        code where this worker must stop, else None."""
         import torch
-        from sandbox.sweep.spec import build_config
-        from sandbox.train import StopTraining, train_replicas
+        from sandbox.train import train_replicas
 
-        study, storage = self.study, self.study._storage
-        obj, pruning = self.spec["objective"], self.spec["pruning"]
-        trials, run_dirs, reporters, callbacks, cfgs = [], [], [], [], []
-        for tid in tids:
-            trial = optuna.trial.Trial(study, tid)
-            attrs = storage.get_trial(tid).user_attrs
-            run_dir = attrs.get("run_dir") or f"trials/{trial.number}-{attrs['point_id'][:8]}"
-            storage.set_trial_user_attr(tid, "run_dir", run_dir)
-            reporter = TrialReporter(trial, storage.guard)     # training never waits for the storage
-
-            def on_eval(step, metrics, reporter=reporter):
-                packing.mark_training(self.dir, True)       # set up and training: the launcher's fill rule
-                reporter.report(metrics[obj["metric"]], step)
-                if pruning and reporter.should_prune(step):
-                    raise StopTraining(f"pruned at step {step}: {obj['metric']} {metrics[obj['metric']]:.4f} "
-                                       f"below the median of its grid point")
-
-            trials.append(trial)
-            run_dirs.append(run_dir)
-            reporters.append(reporter)
-            callbacks.append(on_eval)
-            cfgs.append((attrs, run_dir))
-        beat = threading.Event()
-        if uses_heartbeat(storage):
-            def heartbeat():
-                while not beat.wait(heartbeat_interval(storage)):
-                    for tid in tids:
-                        storage.record_heartbeat(tid)
-            threading.Thread(target=heartbeat, daemon=True).start()
-
-        results, failure = None, None
+        group = [self._start(n, stack=numbers[0]) for n in numbers]
+        beating = self._heartbeat(numbers)
         try:
-            configs = []
-            for attrs, run_dir in cfgs:
-                cfg = build_config(self.spec["base"], {**attrs["grid"], **attrs["tune"]})
-                cfg.name = f"{study.study_name}/{Path(run_dir).name}"
-                configs.append(cfg)
+            configs = [self._config(g) for g in group]     # an invalid point fails as its trials, below
             if self.stop:
                 raise KeyboardInterrupt
-            self.training = True
-            left = [self._steps_left(t) or 0 for t in (storage.get_trial(tid) for tid in tids)]
+            left = [self._steps_left(self.study.trial_by_number(g.number)) or 0 for g in group]
             t_group = time.time()
+            self.training = True
             try:
-                results = train_replicas(configs, [self.dir / d for d in run_dirs], progress=False,
-                                         on_eval=callbacks, prefetch=self.next_stacks)
+                results = train_replicas(configs, [self.dir / g.run_dir for g in group], progress=False,
+                                         on_eval=[g.on_eval for g in group], prefetch=self.next_stacks)
             finally:
                 self.training = False
                 packing.mark_training(self.dir, False)
             self._measure_pace(configs, left, results, time.time() - t_group)
         except KeyboardInterrupt:
-            beat.set()
-            for tid, reporter in zip(tids, reporters):
-                reporter.abandon()
-                requeue(study, storage.get_trial(tid), "interrupted", count=False)
+            beating.set()
+            self._requeue(group, "interrupted", count=False)
             return 130
         except ValueError as e:
-            if len(tids) > 1 and "cannot train stacked" in str(e):      # a mixer that must train alone
-                beat.set()
+            beating.set()
+            if len(group) > 1 and "cannot train stacked" in str(e):      # a mixer that must train alone
                 self.stack = 1
-                return next((c for c in (self.run_group([tid]) for tid in tids) if c is not None), None)
-            failure = f"ValueError: {str(e).splitlines()[0]}"
+                for g in group:
+                    g.reporter.abandon()
+                return next((c for c in (self.run_group([n]) for n in numbers) if c is not None), None)
+            return self._record(group, None, _first_line(e))
         except torch.cuda.OutOfMemoryError as e:
-            beat.set()
-            torch.cuda.empty_cache()
-            if packing.gpu_shared():    # other workers hold the memory: these trials may fit once they are done
-                for tid, reporter in zip(tids, reporters):
-                    reporter.abandon()
-                    requeue(study, storage.get_trial(tid), "out of GPU memory while other processes held most of it")
-                print(f"trials {', '.join(str(t.number) for t in trials)}: out of GPU memory while other processes "
-                      f"held most of it; requeued, and this worker stops (one fewer on this GPU)", flush=True)
-                return packing.EXIT_MEMORY
-            if len(tids) > 1:           # the stack did not fit: train it (and stack from now on) in halves
-                self.stack = max(1, len(tids) // 2)
-                print(f"trials {', '.join(str(t.number) for t in trials)}: out of GPU memory as a stack of "
-                      f"{len(tids)}; training them in stacks of {self.stack}", flush=True)
-                for part in (tids[:self.stack], tids[self.stack:]):
-                    code = self.run_group(part)
-                    if code is not None:
-                        return code
-                return None
-            failure = f"CUDA out of memory: {str(e).splitlines()[0]}"
+            beating.set()
+            return self._out_of_memory(group, e)
         except Exception as e:              # any other error is these trials', not the sweep's
-            failure = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        beat.set()
-        code = None
-        for i, (tid, trial, run_dir, reporter) in enumerate(zip(tids, trials, run_dirs, reporters)):
-            res = results[i] if results is not None else None
-            why = failure if res is None else f"diverged: {res['error']}" if res["status"] == "diverged" else None
+            beating.set()
+            code = self._record(group, None, _first_line(e))
+            # the CUDA context may be broken: let the launcher start a fresh worker
+            return 3 if isinstance(e, getattr(torch, "AcceleratorError", ())) else code
+        beating.set()
+        return self._record(group, results)
+
+    def _start(self, number: int, stack: int) -> _Claimed:
+        """A claimed trial's run directory and evaluation callback (which reports to the study from a background
+        thread, so training never waits for the storage, and asks the pruner)."""
+        from sandbox.train import StopTraining
+
+        study, obj, pruning = self.study, self.spec["objective"], self.spec["pruning"]
+        t = study.trial_by_number(number)
+        run_dir = t.user_attrs.get("run_dir") or f"trials/{number}-{t.user_attrs['point_id'][:8]}"
+        study.set_trial_attr(number, "run_dir", run_dir)
+        study.set_trial_attr(number, "stack", stack)        # the first trial of its stack: what trained together
+        reporter = TrialReporter(study.trial(number), study.storage.guard)
+
+        def on_eval(step, metrics):
+            packing.mark_training(self.dir, True)       # set up and training: the launcher's fill rule
+            reporter.report(metrics[obj["metric"]], step)
+            if pruning and reporter.should_prune(step):
+                raise StopTraining(f"pruned at step {step}: {obj['metric']} {metrics[obj['metric']]:.4f} "
+                                   f"below the median of its grid point")
+        return _Claimed(number, run_dir, reporter, on_eval)
+
+    def _config(self, g: _Claimed):
+        """The trial's run configuration; its steps go to the study (what its progress is counted against)."""
+        from sandbox.sweep.spec import build_config
+        config = build_config(self.spec["base"], _values(self.study.trial_by_number(g.number)))
+        config.name = f"{self.study.study_name}/{Path(g.run_dir).name}"
+        self.study.set_trial_attr(g.number, "steps", config.train.steps)
+        return config
+
+    def _heartbeat(self, numbers: list[int]) -> threading.Event:
+        """With a database: beat for the trials until the returned event is set."""
+        done = threading.Event()
+        storage = self.study.storage
+        if uses_heartbeat(storage):
+            def beat():
+                while not done.wait(heartbeat_interval(storage)):
+                    for n in numbers:
+                        self.study.beat(n)
+            threading.Thread(target=beat, daemon=True).start()
+        return done
+
+    def _requeue(self, group: list[_Claimed], reason: str, count: bool = True) -> None:
+        for g in group:
+            g.reporter.abandon()
+            requeue(self.study, self.study.trial_by_number(g.number), reason, count=count)
+
+    def _out_of_memory(self, group: list[_Claimed], e: BaseException) -> int | None:
+        """A group out of GPU memory: requeued if other workers hold the memory (and this worker stops, one fewer
+        on the GPU), else trained in halves, else failed."""
+        import torch
+        torch.cuda.empty_cache()
+        numbers = ", ".join(str(g.number) for g in group)
+        if packing.gpu_shared():    # other workers hold the memory: these trials may fit once they are done
+            self._requeue(group, "out of GPU memory while other processes held most of it")
+            print(f"trials {numbers}: out of GPU memory while other processes held most of it; requeued, and this "
+                  f"worker stops (one fewer on this GPU)", flush=True)
+            return packing.EXIT_MEMORY
+        if len(group) == 1:
+            return self._record(group, None, f"CUDA out of memory: {str(e).splitlines()[0]}")
+        self.stack = max(1, len(group) // 2)    # the stack did not fit: train it (and stack from now on) in halves
+        print(f"trials {numbers}: out of GPU memory as a stack of {len(group)}; training them in stacks of "
+              f"{self.stack}", flush=True)
+        for g in group:
+            g.reporter.abandon()
+        for part in (group[:self.stack], group[self.stack:]):
+            code = self.run_group([g.number for g in part])
+            if code is not None:
+                return code
+        return None
+
+    def _record(self, group: list[_Claimed], results: list[dict] | None, failure: str | None = None) -> int | None:
+        """Tell the study how each trial ended: complete with its objective, pruned, or failed (``failure``: the
+        whole group's training raised)."""
+        import optuna
+        import torch
+        from sandbox.train.record import RunResult
+
+        study, obj = self.study, self.spec["objective"]
+        for i, g in enumerate(group):
+            res = RunResult.from_dict(results[i]) if results is not None else _stored_result(self.dir / g.run_dir)
+            why = failure
+            if results is not None and res.status == "diverged":
+                why = f"diverged: {res.error}"
             try:
-                reporter.close()                # the evaluations not sent yet (e.g. during an outage)
+                g.reporter.close()                # the evaluations not sent yet (e.g. during an outage)
+                if res is not None:
+                    study.set_trial_attr(g.number, "result", res.summary())
                 if why is not None:
-                    storage.set_trial_user_attr(tid, FINAL_FAIL, why)
-                    _attach_result(storage, tid, self.dir / run_dir, res)
-                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                    print(f"trial {trial.number} failed: {why}", flush=True)
-                    if "CUDA error" in why:     # the CUDA context may be broken: let the launcher respawn us
-                        code = 3
+                    study.set_trial_attr(g.number, FINAL_FAIL, why)
+                    study.tell(g.number, state=optuna.trial.TrialState.FAIL)
+                    print(f"trial {g.number} failed: {why}", flush=True)
                     continue
-                _attach_result(storage, tid, self.dir / run_dir, res)
-                if res["status"] == "stopped":
-                    storage.set_trial_user_attr(tid, "pruned", res["error"])
-                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                if res.status == "stopped":
+                    study.set_trial_attr(g.number, "pruned", res.error)
+                    study.tell(g.number, state=optuna.trial.TrialState.PRUNED)
                 else:
-                    study.tell(trial, objective_value(res["history"], obj["metric"], obj["mode"], obj["direction"]))
+                    study.tell(g.number, objective_value(res.history, obj["metric"], obj["mode"], obj["direction"]))
             except optuna.exceptions.UpdateFinishedTrialError:
                 # declared lost meanwhile (e.g. a heartbeat missed during a long stall): its retry counts
-                print(f"trial {trial.number} was declared lost while it ran; its retry counts", flush=True)
+                print(f"trial {g.number} was declared lost while it ran; its retry counts", flush=True)
                 continue
-            stacked = f" (stacked with {len(tids) - 1} more)" if len(tids) > 1 else ""
-            print(f"trial {trial.number} {res['status']} in {res['wall_time_s']:.1f} s{stacked}", flush=True)
+            stacked = f" (stacked with {len(group) - 1} more)" if len(group) > 1 else ""
+            print(f"trial {g.number} {res.status} in {res.wall_time_s:.1f} s{stacked}", flush=True)
         if failure is not None and torch.cuda.is_available():
             torch.cuda.empty_cache()
-        return code
-
+        return None
 
     def next_stacks(self, count: int = PREFETCH) -> list[list]:
         """The first ``count`` stacks of the waiting queue, as this worker would group them (run configs): the
@@ -390,8 +422,7 @@ class _Worker:
             key = self._stack_key(t)
             if key is None or len(stacks.get(key, ())) >= self.stack or (key not in stacks and len(stacks) == count):
                 continue
-            stacks.setdefault(key, []).append(build_config(self.spec["base"], {**t.user_attrs["grid"],
-                                                                               **t.user_attrs["tune"]}))
+            stacks.setdefault(key, []).append(build_config(self.spec["base"], _values(t)))
         return list(stacks.values())
 
     def _measure_pace(self, configs, left, results, wall: float) -> None:
@@ -414,14 +445,31 @@ def _kind_of(cfg) -> tuple[str, str]:
     return stack_key(cfg), f"{cfg.model.mixer}|{cfg.model.d_model}|{seq_len}"
 
 
-def _attach_result(storage, tid: int, run_dir: Path, res: dict | None = None) -> None:
-    if res is None and (run_dir / "result.json").exists():
-        try:
-            res = json.loads((run_dir / "result.json").read_text())
-        except ValueError:
-            res = None
-    if res is not None:
-        storage.set_trial_user_attr(tid, "result", {k: res.get(k) for k in ("status", *RESULT_KEYS)})
+@dataclass
+class _Claimed:
+    """A trial this worker trains: its number, run directory, reporter and evaluation callback."""
+    number: int
+    run_dir: str
+    reporter: TrialReporter
+    on_eval: object
+
+
+def _values(t) -> dict:
+    grid, tune = point_values(t)
+    return {**grid, **tune}
+
+
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def _stored_result(run_dir: Path):
+    """The RunResult a failed group's run wrote (result.json), if any."""
+    from sandbox.train.record import RunResult
+    try:
+        return RunResult.from_dict(json.loads((run_dir / "result.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def worker_main(argv=None) -> int:
@@ -444,8 +492,6 @@ def worker_main(argv=None) -> int:
     try:
         storage = open_storage(sweep_dir, a.storage, a.heartbeat, a.storage_timeout)
         study = load_study(storage, a.study)
-        if study.user_attrs["spec"]["pruning"]:
-            study.pruner = make_pruner(study.user_attrs["spec"]["pruning"])
         gpu = os.environ.get("CUDA_VISIBLE_DEVICES") or None
         return _Worker(sweep_dir, study, a.parent, gpu, a.stack, a.until).run()
     except StorageUnavailable as e:     # the one place a worker ends for the storage

@@ -98,18 +98,18 @@ class _Run:
                                     "state": copy.deepcopy(self.state), "config": self.config})
 
     def result(self, replicas: int = 1) -> dict:
+        from sandbox.train.record import RunResult, provenance
         s = self.state
-        return {"status": self.status, "error": self.error, "config": self.config,
-                "final_accuracy": s["accuracy"], "best_accuracy": s["best_accuracy"], "best_step": s["best_step"],
-                "steps": s["step"], "wall_time_s": round(time.perf_counter() - self.t_start, 3),
-                "train_time_s": round(s["train_time"], 3),
-                "steps_per_sec": round(s["trained_steps"] / s["trained_time"], 2) if s.get("trained_time") else None,
-                "setup_s": round(self.setup_s, 3), "eval_s": round(self.eval_s, 3),
-                "first_eval_s": None if self.first_eval_s is None else round(self.first_eval_s, 3),
-                "replicas": replicas, "compiled_at": self.compiled_at, "precompiled": self.precompiled,
-                "params": self.params,
-                "state_size": self.state_size,
-                "device": str(self.task.device), "history": s["history"]}
+        return RunResult(
+            status=self.status, error=self.error, config=self.config,
+            final_accuracy=s["accuracy"], best_accuracy=s["best_accuracy"], best_step=s["best_step"], steps=s["step"],
+            wall_time_s=round(time.perf_counter() - self.t_start, 3), train_time_s=round(s["train_time"], 3),
+            steps_per_sec=round(s["trained_steps"] / s["trained_time"], 2) if s.get("trained_time") else None,
+            setup_s=round(self.setup_s, 3), eval_s=round(self.eval_s, 3),
+            first_eval_s=None if self.first_eval_s is None else round(self.first_eval_s, 3),
+            replicas=replicas, compiled_at=self.compiled_at, precompiled=self.precompiled, params=self.params,
+            state_size=self.state_size, device=str(self.task.device), **provenance(self.task.device),
+            history=s["history"]).to_dict()
 
     def finish(self, status: str, error: str | None = None, replicas: int = 1) -> dict:
         self.status, self.error = status, error
