@@ -22,13 +22,8 @@ def cmd_plot(args) -> int:
 
 
 def cmd_verdict(args) -> int:
-    from sandbox.analysis.verdicts import runs_of, verdicts
-    runs = runs_of(args.sweep_dir[0]) if len(args.sweep_dir) == 1 else args.sweep_dir
-    if len(args.sweep_dir) == 1 and len(runs) > 1:     # a figure folder with several runs: each judged alone
-        print("\n\n".join(f"## {r.name}\n\n" + "\n\n".join(c.markdown() for c in verdicts(r, figure=args.figure))
-                          for r in runs))
-    else:
-        print("\n\n".join(c.markdown() for c in verdicts(*runs, figure=args.figure)))
+    from sandbox.analysis.verdicts import report
+    print(report(*args.sweep_dir, figure=args.figure, plan=args.plan, power=args.power))
     return 0
 
 
@@ -76,6 +71,10 @@ def add_cli(sub) -> None:
                    "sweeps_out/NAME, or the directories its parts ran into (their trials pooled)")
     p.add_argument("--figure", help="the figure folder (figures/NAME) whose verdict.py judges the sweep; by default "
                    "the sweep directory or the folder above it, else the folder of the sweep file it ran from")
+    p.add_argument("--plan", action="store_true", help="read the run as a pilot: print the seeds per cell each "
+                   "comparison needs for its expected effect, instead of the verdicts")
+    p.add_argument("--power", type=float, default=0.8, help="the chance of holding that --plan plans for "
+                   "(default 0.8)")
     p.set_defaults(func=cmd_verdict)
 
     p = sub.add_parser("compare", help="train two variants over several seeds; interval and Welch t-test",

@@ -12,10 +12,10 @@ names no figure; a sweep directory finds its figure's code
 - else beside the sweep file it was started from (``sweep.json``'s ``source``, which ``sandbox sweep`` writes),
 - or where ``figure`` says (``--figure figures/NAME``).
 
-A claim's outcome is decided from its cells (mean and sample sd over seeds of each seed's best accuracy over the
-tuned learning rates). Where cells are still missing (a sweep part way), every way the missing ones could come out
-is tried: the verdict is printed when all of them agree, else the possible verdicts. The terms the figures share
-(chance, ceiling, "a beats b", no signal) are ``claims.py``'s.
+A figure's ``verdict.py`` may also name its positive control (``CONTROL``, a function of the table returning a
+:class:`Control`), printed first. The terms the figures share (cells chosen on validation, comparisons with 95%
+intervals against rules fixed before running, Holm over a claim's items, planning seeds) are ``claims.py``'s and
+``sandbox/analysis/stats.py``'s.
 """
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from types import ModuleType
 
 import yaml
 
-from sandbox.analysis.verdicts.claims import Cell, Claim, Table
+from sandbox.analysis.verdicts.claims import FOOTNOTE, Cell, Claim, Control, Table
 
-__all__ = ["Cell", "Claim", "Table", "figure_folder", "picture_runs", "runs_of", "verdicts"]
+__all__ = ["Cell", "Claim", "Control", "Table", "figure_folder", "picture_runs", "report", "runs_of", "verdicts"]
 
 
 def figure_folder(sweep_dir, figure=None) -> Path:
@@ -93,9 +93,37 @@ def runs_of(path) -> list[Path]:
 
 
 def verdicts(*sweep_dirs, figure=None) -> list[Claim]:
+    return judge(*sweep_dirs, figure=figure)[1]
+
+
+def judge(*sweep_dirs, figure=None) -> tuple[Control | None, list[Claim]]:
+    """The figure's control (None where its verdict.py names none) and claims, on the pooled directories."""
     t = Table(*sweep_dirs)
     module = _load(figure_folder(t.dir, figure), t.name, t.dir)
-    return [f(t) for f in module.CLAIMS]
+    control = getattr(module, "CONTROL", None)
+    return (control(t) if control else None), [f(t) for f in module.CLAIMS]
+
+
+def report(*paths, figure=None, plan: bool = False, power: float = 0.8) -> str:
+    """What ``sandbox verdict`` prints: per run (a figure folder with several runs judges each alone), the control
+    and each claim with its rule, cells, effects, intervals and verdict; with ``plan``, the seeds each comparison
+    needs at ``power`` from the run's spreads as a pilot."""
+    runs = runs_of(paths[0]) if len(paths) == 1 else [Path(p) for p in paths]
+    groups = [[r] for r in runs] if len(paths) == 1 and len(runs) > 1 else [runs]
+    out = []
+    for group in groups:
+        control, claims = judge(*group, figure=figure)
+        parts = [f"## {group[0].name}"] if len(groups) > 1 else []
+        if plan:
+            parts += [c.plan_markdown(power) for c in claims]
+            parts.append(f"Seeds per cell for a {power:.0%} chance that the rule holds when the true effect is the "
+                         "expected one, at the measured spreads (unknown: planned at sd 0.5, the most an accuracy "
+                         "can spread), at the level Holm tests a claim's first item.")
+        else:
+            parts += ([control.markdown()] if control else []) + [c.markdown() for c in claims]
+            parts.append(FOOTNOTE)
+        out.append("\n\n".join(parts))
+    return "\n\n".join(out)
 
 
 def picture_runs(sweep_dir, figure=None) -> list[tuple[str, int, Path | None]]:

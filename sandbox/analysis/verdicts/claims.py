@@ -1,23 +1,49 @@
-"""The terms every figure's criteria are written in: a cell (mean and sd over seeds of the best
-accuracy per seed), the table of a sweep's cells, a claim with its items, and how a claim is decided
-while cells are still missing (every way they could come out is tried)."""
+"""The terms a figure's claims are written in: cells of a sweep, comparisons with a rule, claims that combine them.
+
+A figure's ``verdict.py`` builds its claims from a ``Table`` (the finished trials of its sweep directories):
+
+    claim = Claim("A: top-k improves recall")                    # every item must hold (``need``: a count)
+    claim.compare("gla, zero tokens", t.cell(**topk), t.cell(**dense), greater(0.05, expect=0.3))
+    claim.against("gsa, zero tokens", t.cell(**gsa), t.chance, less(0.05))     # a cell against a fixed level
+
+and its positive control from the same table: ``Control("attention", {point: t.cell(**attn), ...})``, which must
+reach ``CONTROL_LEVEL`` at every point before any claim means anything.
+
+A **cell** holds one value per seed: the test accuracy of the trial whose learning rate and step were chosen on
+the validation split (a run from before the split: its best test accuracy over learning rates and steps, and the
+cell says so). A **comparison** is an effect with its 95% interval and a rule fixed before running
+(``sandbox.analysis.stats``); a claim combines its comparisons with Holm's adjustment and reads "holds", "does not
+hold" or "inconclusive", the last with the seeds per cell that would decide it. Missing cells count as
+inconclusive, so a sweep part way through already shows what is settled.
+"""
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from sandbox.analysis import stats
 from sandbox.analysis.plot_sweep import finished, load_rows
+from sandbox.analysis.stats import FAILS, HOLDS, OPEN, Effect, Rule, greater, less, within
 
-CEILING = 0.99
+__all__ = ["Cell", "Table", "Item", "Claim", "Control", "greater", "less", "within", "HOLDS", "FAILS", "OPEN",
+           "CONTROL_LEVEL", "FOOTNOTE"]
+
+CONTROL_LEVEL = 0.99
 
 
 @dataclass
 class Cell:
-    values: list[float]          # one per seed: the best over the other keys (learning rates)
+    """One value per seed (``values[i]`` of ``seeds[i]``) and how the learning rate and step were chosen."""
+    values: list[float]
+    seeds: list[int]
+    selected_on: str = "val"      # "val", or "test" for runs that predate the validation split
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
 
     @property
     def mean(self) -> float:
@@ -25,123 +51,219 @@ class Cell:
 
     @property
     def sd(self) -> float:
-        v, m = self.values, self.mean
-        return math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1)) if len(v) > 1 else 0.0
+        return stats._sd(self.values)
 
     def text(self) -> str:
-        return f"{self.mean:.3f} ± {self.sd:.3f}" if len(self.values) > 1 else f"{self.mean:.3f}"
+        mark = "" if self.selected_on == "val" else "*"
+        if self.n < 2:
+            return f"{self.mean:.3f}{mark}"
+        _, lo, hi = stats.mean_ci(self.values, bounds=(0.0, 1.0))
+        return f"{self.mean:.3f} [{lo:.3f}, {hi:.3f}]{mark}"
+
+
+def _number(v):
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
 
 
 class Table:
-    """A sweep's finished trials, looked up by grid values. Several directories of one figure (its parts run into
-    directories of their own) pool their trials; each row keeps the directory it came from (``sweep_dir``)."""
+    """A figure's finished trials, looked up by grid values. Several directories (a figure's parts, or reruns of
+    one protocol with new seeds) pool their trials; a seed found in two directories keeps the first one's."""
 
-    def __init__(self, *sweep_dirs: Path):
+    def __init__(self, *sweep_dirs):
         dirs = [Path(d) for d in sweep_dirs]
-        self.dir = dirs[0]
-        self.rows, names = [], {}
+        if not dirs:
+            raise ValueError("sweep_dir: give at least one sweep directory")
+        self.dir, self.rows, specs = dirs[0], [], {}
         for d in dirs:
-            rows, _ = load_rows(d)
-            self.rows += [{**r, "sweep_dir": d} for r in finished(rows)[0]]
             if not (d / "sweep.yaml").is_file():
                 raise ValueError(f"sweep_dir: {d} has no sweep.yaml (not a sweep directory)")
-            names[d] = yaml.safe_load((d / "sweep.yaml").read_text())
-        points = [{r["point_id"] for r in self.rows if r["sweep_dir"] == d and r.get("point_id")} for d in dirs]
-        shared = set.intersection(*points) if len(points) > 1 else set()
-        if shared:          # the best over both would count a repeat as more learning rates
-            raise ValueError(f"sweep_dir: the directories share {len(shared)} grid point(s): they are repeats of "
-                             f"one another, not parts of one figure; judge each alone")
-        if len({n["name"] for n in names.values()}) > 1:
-            raise ValueError("sweep_dir: the directories hold different sweeps ("
-                             + ", ".join(f"{d}: {n['name']}" for d, n in names.items()) + "); pool only one figure's parts")
-        spec = names[self.dir]
-        self.name = spec["name"]
-        self.chance = chance_level(spec["base"]["task"])
+            specs[d] = yaml.safe_load((d / "sweep.yaml").read_text())
+            rows, _ = load_rows(d)
+            self.rows += [{**r, "sweep_dir": d} for r in finished(rows)[0]]
+        names = {s["name"] for s in specs.values()}
+        if len(names) > 1:
+            raise ValueError("sweep_dir: the directories hold different sweeps (" + ", ".join(sorted(names))
+                             + "); pool only one figure's parts and reruns")
+        self.spec = specs[self.dir]
+        self.name = self.spec["name"]
+        self.chance = chance_level(self.spec["base"]["task"])
+        self.notes: list[str] = []
+
+    def rows_where(self, **where) -> list[dict]:
+        """Finished rows matching ``where`` (dotted keys, ``__`` for ``.`` where a keyword needs it)."""
+        where = {k.replace("__", "."): v for k, v in where.items()}
+        return [r for r in self.rows if all(r.get(k) == v for k, v in where.items())]
 
     def best_rows(self, **where) -> dict[int, dict]:
-        """Per seed, the finished row matching ``where`` (dotted keys with ``__`` for ``.``) with the highest
-        best accuracy, i.e. the best over the other keys (the tuned learning rates)."""
-        where = {k.replace("__", "."): v for k, v in where.items()}
-        best: dict[int, dict] = {}
-        for r in self.rows:
-            if all(r.get(k) == v for k, v in where.items()) and r.get("best_accuracy") is not None:
-                s = int(r.get("seed") or 0)
-                if s not in best or float(r["best_accuracy"]) > float(best[s]["best_accuracy"]):
-                    best[s] = r
-        return best
+        """Per seed, the chosen row (see ``cell``) among those matching ``where``."""
+        chosen: dict[int, dict] = {}
+        for r in self.rows_where(**where):
+            pick, value, _ = _selection(r)
+            if pick is None or value is None:
+                continue
+            s = int(r.get("seed") or 0)
+            old = chosen.get(s)
+            if old is not None and old["sweep_dir"] != r["sweep_dir"]:
+                continue                               # the same seed in a later directory: the first one's counts
+            if old is None or pick > _selection(old)[0]:
+                chosen[s] = r
+        return chosen
 
-    def cell(self, seeds: int, **where) -> Cell | None:
-        """The cell of the rows matching ``where``, None unless all of its first ``seeds`` seeds (0 .. seeds-1)
-        have a finished trial."""
-        best = self.best_rows(**where)
-        if not all(s in best for s in range(seeds)):
+    def cell(self, **where) -> Cell | None:
+        """The cell of the rows matching ``where``: per seed, the trial (of the tuned learning rates) with the best
+        validation accuracy, read at its test accuracy at the step chosen on validation. None when no seed has
+        finished."""
+        chosen = self.best_rows(**where)
+        if not chosen:
             return None
-        return Cell([float(best[s]["best_accuracy"]) for s in range(seeds)])
+        seeds = sorted(chosen)
+        picks = [_selection(chosen[s]) for s in seeds]
+        on = "val" if all(p[2] == "val" for p in picks) else "test"
+        return Cell([p[1] for p in picks], seeds, on)
 
-    def at_chance(self, c: Cell) -> bool:
-        return c.mean < self.chance
 
-    def beats(self, a: Cell, b: Cell, s: float | None = None) -> bool:
-        s = max(a.sd, b.sd) if s is None else s
-        d = a.mean - b.mean
-        return d >= 0.03 and d > 2 * s and not self.at_chance(a)
+def _selection(row: dict) -> tuple[float | None, float | None, str]:
+    """(what a trial is chosen by, the value it contributes, the split it was chosen on)."""
+    val = _number(row.get("best_val_accuracy"))
+    if val is not None:
+        return val, _number(row.get("test_at_best_val")), "val"
+    best = _number(row.get("best_accuracy"))
+    return best, best, "test"
 
-    def signal(self, a: Cell, b: Cell) -> bool:
-        return not (self.at_chance(a) and self.at_chance(b)) and not (a.mean >= CEILING and b.mean >= CEILING)
+
+def chance_level(task: dict) -> float:
+    """The task's own chance level (the task contract's ``chance``) from a sweep base's ``task`` section."""
+    from sandbox.tasks import make_task
+    return float(make_task(task["name"], **{k: v for k, v in task.items() if k != "name"}).chance)
+
+
+@dataclass
+class Item:
+    name: str
+    a: Cell | None
+    b: Cell | float | None          # a cell, or a fixed level (chance, a ceiling)
+    rule: Rule
+    labels: tuple[str, str] = ("a", "b")
+
+    @property
+    def effect(self) -> Effect | None:
+        if self.a is None or self.b is None:
+            return None
+        if isinstance(self.b, Cell):
+            return stats.difference(self.a.values, self.b.values)
+        return stats.shift(self.a.values, float(self.b))
+
+    def sds(self) -> list[float]:
+        cells = [c for c in (self.a, self.b) if isinstance(c, Cell) or c is None]
+        return [c.sd if c is not None and c.n > 1 else math.nan for c in cells]
 
 
 @dataclass
 class Claim:
+    """Named comparisons and how they combine: every item must hold (``need`` None) or at least ``need`` of them.
+    ``stand_in`` names what a synthetic task stands in for (a language-model claim tested on MQAR)."""
     name: str
-    items: list[tuple[str, str, str | None]] = field(default_factory=list)   # (item, measured, outcome shown)
-    outcomes: list = field(default_factory=list)     # what the rule reads per item (None: still open)
-    verdicts: set[str] = field(default_factory=set)  # every verdict still possible
+    need: int | None = None
+    stand_in: str | None = None
+    items: list[Item] = field(default_factory=list)
+
+    def compare(self, name: str, a: Cell | None, b: Cell | None, rule: Rule, labels=("a", "b")) -> None:
+        self.items.append(Item(name, a, b, rule, labels))
+
+    def against(self, name: str, a: Cell | None, level: float, rule: Rule, label: str = "a") -> None:
+        self.items.append(Item(name, a, level, rule, (label, f"{level:g}")))
+
+    def judged(self) -> tuple[str, list[str]]:
+        effects = [i.effect for i in self.items]
+        return stats.combine(effects, [i.rule for i in self.items], self.need)
 
     def verdict(self) -> str:
-        if len(self.verdicts) == 1:
-            return next(iter(self.verdicts))
-        return "open: " + " or ".join(sorted(self.verdicts))
+        return self.judged()[0]
 
-    def add(self, item: str, measured: str, outcome, shown: str | None = None) -> None:
-        """An item's outcome (None: still open) and how the table shows it (default: the outcome)."""
-        self.outcomes.append(outcome)
-        self.items.append((item, measured, shown if shown is not None or outcome is None else str(outcome)))
-
-    def missing(self, item: str) -> None:
-        """An item whose cells are not all there yet: its outcome stays open."""
-        self.add(item, "not yet complete", None)
-
-    def decide(self, choices: tuple, rule) -> None:
-        """The verdicts ``rule`` gives over every way the open outcomes could come out (one of ``choices`` each)."""
-        self.verdicts = possible(self.outcomes, choices, rule)
+    def rule_text(self) -> str:
+        m = len(self.items)
+        rules = sorted({i.rule.text() for i in self.items})
+        how = (f"every one of the {m} items holds" if self.need in (None, m) else
+               f"at least {self.need} of the {m} items hold")
+        return (f"each item's effect must satisfy {' / '.join(rules)} with its whole 95% interval"
+                + (f" (Holm over the {m} items)" if m > 1 else "") + f"; the claim holds when {how}, and does "
+                f"not hold once {'any item does' if self.need in (None, m) else f'more than {m - self.need} do'} not")
 
     def markdown(self) -> str:
-        lines = [f"**{self.name}**: {self.verdict()}", ""]
-        lines += [f"- {item}: {measured} -> {outcome or 'open'}" for item, measured, outcome in self.items]
+        verdict, outcomes = self.judged()
+        lines = [f"**{self.name}**: {verdict}" + (f" (a stand-in: {self.stand_in})" if self.stand_in else ""), "",
+                 f"Rule: {self.rule_text()}.", "",
+                 "| item | a | b | n | effect [95% interval] | P(a > b) | verdict |", "|---|---|---|---|---|---|---|"]
+        undecided = []
+        for item, outcome in zip(self.items, outcomes):
+            e = item.effect
+            a = f"{item.labels[0]} {item.a.text()}" if item.a else f"{item.labels[0]} not run"
+            b = (f"{item.labels[1]} {item.b.text()}" if isinstance(item.b, Cell) else
+                 item.labels[1] if item.b is not None else f"{item.labels[1]} not run")
+            if e is None:
+                lines.append(f"| {item.name} | {a} | {b} | - | - | - | not run |")
+                continue
+            lo, hi = e.interval()
+            if isinstance(item.b, Cell):                 # a difference of accuracies lies in [-1, 1]
+                lo, hi = max(lo, -1.0), min(hi, 1.0)
+            n = " / ".join(str(k) for k in e.n)
+            interval = f"{e.estimate:+.3f} [{lo:+.3f}, {hi:+.3f}]" if math.isfinite(lo) else f"{e.estimate:+.3f} [one seed]"
+            sup = f"{e.p_superior:.2f}" if e.p_superior is not None else "-"
+            lines.append(f"| {item.name} | {a} | {b} | {n} | {interval} | {sup} | {outcome} |")
+            if outcome == OPEN:
+                undecided.append(f"{item.name}: {_seeds_text(e, item.rule, len(self.items))}")
+        if undecided:
+            lines += ["", "Inconclusive: " + "; ".join(undecided) + "."]
+        return "\n".join(lines)
+
+    def plan(self, power: float = 0.8) -> list[tuple[str, Rule, list[float], int | None]]:
+        """Per item: (name, rule, the pilot's sds (NaN: unknown), seeds per cell for ``power``)."""
+        return [(i.name, i.rule, i.sds(), stats.seeds_for_power(i.sds(), i.rule, power, len(self.items)))
+                for i in self.items]
+
+    def plan_markdown(self, power: float = 0.8) -> str:
+        lines = [f"**{self.name}**", "", f"| item | rule | expected effect | pilot sd | seeds per cell ({power:.0%} "
+                 "power) |", "|---|---|---|---|---|"]
+        for name, rule, sds, n in self.plan(power):
+            sd = " / ".join("unknown" if not s == s else f"{s:.3f}" for s in sds)
+            lines.append(f"| {name} | {rule.text()} | {rule.planned_effect():+.2f} | {sd} | "
+                         f"{n if n is not None else 'more than %d, or the expected effect cannot hold' % stats.MAX_SEEDS} |")
         return "\n".join(lines)
 
 
-def chance_level(task: dict) -> float:
-    """The mean accuracy below which a cell of a sweep on ``task`` (its base task's settings) is at chance: twice
-    the rate of guessing among the pairs' values (MQAR)."""
-    return 2 / task["num_kv_pairs"]
+def _seeds_text(e: Effect, rule: Rule, items: int) -> str:
+    """How many seeds per cell would decide an inconclusive comparison, in words."""
+    k = stats.seeds_to_decide(e, rule, items)
+    if min(e.n) < 2:
+        at_most = f"{k}" if k else f"more than {stats.MAX_SEEDS}"
+        return f"one seed measures no spread: {at_most} seeds per cell at the largest spread an accuracy can have"
+    if k is None:
+        return f"more than {stats.MAX_SEEDS} seeds per cell (its effect lies on the margin)"
+    return f"{k} seeds per cell would decide it at the measured means and spreads"
 
 
-def judge(holds: bool, fails: bool) -> str:
-    """A criterion's verdict from its two conditions ("holds" is checked first)."""
-    return "holds" if holds else "does not hold" if fails else "inconclusive"
+@dataclass
+class Control:
+    """A figure's positive control: a model that must solve every task point of the figure (mean at least
+    ``CONTROL_LEVEL``) before the compared mixers mean anything."""
+    name: str
+    cells: dict[str, Cell | None]
+
+    def passes(self) -> bool:
+        return all(c is not None and c.mean >= CONTROL_LEVEL for c in self.cells.values())
+
+    def markdown(self) -> str:
+        state = "passes" if self.passes() else "FAILS: the claims below compare models on a recipe the control " \
+                                               "does not learn with"
+        cells = "; ".join(f"{p} {c.text() + f' (n {c.n})' if c else 'not run'}" for p, c in self.cells.items())
+        return f"**Control: {self.name} reaches {CONTROL_LEVEL} at every point**: {state}. {cells}."
 
 
-def possible(outcomes: list[str | None], choices: tuple[str, ...], rule) -> set[str]:
-    """The verdicts ``rule(outcomes)`` gives over every way the open (None) outcomes could come out."""
-    open_ = [i for i, o in enumerate(outcomes) if o is None]
-    out = set()
-    for fill in itertools.product(choices, repeat=len(open_)):
-        full = list(outcomes)
-        for i, o in zip(open_, fill):
-            full[i] = o
-        out.add(rule(full))
-    return out
-
-
-VERDICTS = ("holds", "does not hold", "inconclusive")
+FOOTNOTE = ("Cells: each seed's test accuracy at the learning rate and step chosen on the validation split, as mean "
+            "[95% t interval, clipped to 0-1]; * marks cells of runs from before the validation split, where both "
+            "were chosen on test. Effects: mean(a) - mean(b) (or - a fixed level) with Welch's 95% interval, seeds' "
+            f"spreads taken as at least {stats.SD_FLOOR}. P(a > b): the share of seed pairs where a's seed is higher.")
