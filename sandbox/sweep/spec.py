@@ -43,19 +43,20 @@ from sandbox.config import (ConfigError, RunConfig, config_from_dict, flatten, p
                             read_yaml, set_dotted, to_dict)
 
 TOP_KEYS = ("name", "base", "grid", "tune", "objective", "pruning")
-METRICS = ("test/accuracy", "test/loss")
+METRICS = ("val/accuracy", "val/loss", "test/accuracy", "test/loss")
 RANGE_KEYS = ("low", "high", "log", "trials")
 
 
 @dataclass
 class Objective:
-    metric: Literal["test/accuracy", "test/loss"] = "test/accuracy"
+    # what chooses among a point's learning rates and prunes them: the validation split, so that test is read once
+    metric: Literal["val/accuracy", "val/loss", "test/accuracy", "test/loss"] = "val/accuracy"
     mode: Literal["best", "final"] = "best"            # best evaluation of the run, or the last one
     direction: Literal["maximize", "minimize"] | None = None   # default: maximize accuracy, minimize loss
 
     def __post_init__(self):
         if self.direction is None:
-            self.direction = "minimize" if self.metric == "test/loss" else "maximize"
+            self.direction = "minimize" if self.metric.endswith("/loss") else "maximize"
 
 
 @dataclass

@@ -1,6 +1,7 @@
-"""Test accuracy and loss on a task's test split: of one model (``evaluate``), or of every replica of a stack at
-once (``evaluate_stack``), the replicas run as one stacked forward per test batch as in the step (eager: a run reads
-its test split a dozen times), so an evaluation costs one replica's launches, not R of them.
+"""Accuracy and loss on a task's held-out splits, validation and test: of one model (``evaluate``), or of every
+replica of a stack at once (``evaluate_stack``), the replicas run as one stacked forward per batch as in the step
+(eager: a run reads its held-out splits a dozen times), so an evaluation costs one replica's launches, not R of them.
+Validation chooses (the best step, the learning rate, early stopping); test is what verdicts read.
 
 Both count the same way: the logits at the scored positions, the argmax against the target, and the summed loss
 (the training loss op, ``cross_entropy``) over the scored targets.
@@ -26,32 +27,38 @@ def _count(counts: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
                            mask.flatten(1).sum(1).double(), nll.view(R, -1).sum(1).double()], 1)
 
 
-def _metrics(counts: torch.Tensor) -> list[dict]:
+SPLITS = ("val", "test")
+
+
+def _metrics(counts: torch.Tensor, split: str) -> list[dict]:
     correct, scored, loss = counts.unbind(1)
-    return [{"test/accuracy": c / max(n, 1.0), "test/loss": s / max(n, 1.0)}
+    return [{f"{split}/accuracy": c / max(n, 1.0), f"{split}/loss": s / max(n, 1.0)}
             for c, n, s in zip(correct.tolist(), scored.tolist(), loss.tolist())]
 
 
 @torch.no_grad()
-def evaluate(model, task, batch_size: int, autocast) -> dict:
-    """One model's test accuracy and loss (``autocast``: the context to run its forward in)."""
+def evaluate(model, task, batch_size: int, autocast, splits=SPLITS) -> dict:
+    """One model's accuracy and loss on each held-out split (``autocast``: the context to run its forward in)."""
     model.eval()
-    counts = torch.zeros(1, 3, dtype=torch.float64, device=task.device)
+    out = {}
     try:
-        for x, y in task.test_batches(batch_size):
-            pos, y = scored_positions(y, getattr(task, "max_targets", None))
-            with autocast():
-                logits = model(x, pos)
-            _count(counts, logits[None], y[None])
+        for split in splits:
+            counts = torch.zeros(1, 3, dtype=torch.float64, device=task.device)
+            for x, y in task.eval_batches(split, batch_size):
+                pos, y = scored_positions(y, task.max_targets)
+                with autocast():
+                    logits = model(x, pos)
+                _count(counts, logits[None], y[None])
+            out.update(_metrics(counts, split)[0])
     finally:
         model.train()
-    return _metrics(counts)[0]
+    return out
 
 
 @torch.no_grad()
-def evaluate_stack(step, tasks: list, batch_size: int) -> list[dict]:
-    """Test accuracy and loss of every replica of ``step`` (a ``Step``) on its task's test split (``tasks[r]``).
-    Replicas of one seed share its test batches ([B, T]); of several, each reads its own ([R, B, T]). A batch goes
+def evaluate_stack(step, tasks: list, batch_size: int, splits=SPLITS) -> list[dict]:
+    """Accuracy and loss of every replica of ``step`` (a ``Step``) on each held-out split of its task (``tasks[r]``).
+    Replicas of one seed share their batches ([B, T]); of several, each reads its own ([R, B, T]). A batch goes
     through in slices of rows whose logits of all replicas stay within ``EVAL_LOGITS`` elements."""
     base, R = step.models[0], step.R
     params = {n: p.detach() for n, p in step.optimizer.weights().items()}
@@ -67,24 +74,31 @@ def evaluate_stack(step, tasks: list, batch_size: int) -> list[dict]:
             return base(x, pos)[None]
         return torch.func.vmap(logits_of, in_dims=(0, 0, dim, None if pos is None else dim))(params, buffers, x, pos)
 
-    counts = torch.zeros(R, 3, dtype=torch.float64, device=step.device)
+    def count(split: str) -> torch.Tensor:
+        counts = torch.zeros(R, 3, dtype=torch.float64, device=step.device)
+        for got in zip(*[t.eval_batches(split, batch_size) for t in (tasks[:1] if shared else tasks)]):
+            x, y = (torch.stack(ts) for ts in zip(*got))      # [1 or R, B, T]
+            pos, y = scored_positions(y.flatten(0, 1), step.per_row)
+            y = y.view(x.shape[0], x.shape[1], -1)
+            pos = None if pos is None else pos.view_as(y)
+            if shared:
+                x, pos = x[0], None if pos is None else pos[0]
+            rows = max(1, EVAL_LOGITS // (R * y.shape[-1] * base.embed.num_embeddings))
+            for i in range(0, y.shape[1], rows):
+                cut = slice(i, i + rows)
+                xi, pi = (x[cut], None if pos is None else pos[cut]) if shared else \
+                    (x[:, cut], None if pos is None else pos[:, cut])
+                logits = forward(xi, pi)
+                _count(counts, logits, y[:, cut].expand(logits.shape[:-1]))
+        return counts
+
+    out: list[dict] = [{} for _ in range(R)]
     base.eval()
     try:
         with step.attention_backends(), step.autocast():
-            for got in zip(*[t.test_batches(batch_size) for t in (tasks[:1] if shared else tasks)]):
-                x, y = (torch.stack(ts) for ts in zip(*got))      # [1 or R, B, T]
-                pos, y = scored_positions(y.flatten(0, 1), step.per_row)
-                y = y.view(x.shape[0], x.shape[1], -1)
-                pos = None if pos is None else pos.view_as(y)
-                if shared:
-                    x, pos = x[0], None if pos is None else pos[0]
-                rows = max(1, EVAL_LOGITS // (R * y.shape[-1] * base.embed.num_embeddings))
-                for i in range(0, y.shape[1], rows):
-                    cut = slice(i, i + rows)
-                    xi, pi = (x[cut], None if pos is None else pos[cut]) if shared else \
-                        (x[:, cut], None if pos is None else pos[:, cut])
-                    logits = forward(xi, pi)
-                    _count(counts, logits, y[:, cut].expand(logits.shape[:-1]))
+            for split in splits:
+                for r, m in enumerate(_metrics(count(split), split)):
+                    out[r].update(m)
     finally:
         base.train()
-    return _metrics(counts)
+    return out
