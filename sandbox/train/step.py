@@ -298,6 +298,10 @@ class Step:
 
         dim = 0 if x.dim() == 3 else None
         logits, y, aux = torch.func.vmap(one, in_dims=(0, 0, dim, dim))(params, buffers, x, y)
+        # a mixer's running state updated in the forward (LTE's lambda) went to the stacked copies: back to the models
+        for stacked, bs in zip(buffers.values(), zip(*(m.buffers() for m in self.models))):
+            for r, b in enumerate(bs):
+                b.copy_(stacked[r])
         # The loss over all replicas at once, outside vmap (one op over all rows; under vmap, torch's loss had
         # picked each target's logit in its backward by a scatter into a zero tensor the size of the logits).
         nll = cross_entropy(logits, y)
