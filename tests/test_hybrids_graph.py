@@ -114,24 +114,25 @@ def test_a_mixer_that_stays_eager_says_why():
 
 # ---- graph equals eager, stacked equals solo (float64, CPU) ---------------------------------------------
 
-def test_a_traced_hybrid_step_has_no_graph_break_and_trains_as_the_eager_one():
-    """GDN + LTE, whose forward updates lambda on the device and whose scores learn through the value gate:
-    the whole step (forward, backward, lambda, aux loss) traced as one graph (``fullgraph``: a host read or a
-    data-dependent shape would break it) trains the weights and buffers of the eager step. (Traced by
-    AOTAutograd without Inductor: Inductor's CPU code generation takes minutes here; the GPU tests below run
-    the compiled step.)"""
-    groups = []
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_traced_hybrid_step_has_no_graph_break_and_trains_as_the_eager_one(replicas):
+    """GDN + LTE, whose forward updates lambda on the device and whose scores learn through the value gate: the
+    whole step (forward, backward, lambda, aux loss; one run or a stack of two) traced as one graph (``fullgraph``:
+    a host read, a data-dependent shape or a graph break fails) trains the weights and buffers of the eager step.
+    (Traced by AOTAutograd without Inductor, whose CPU code generation takes minutes here; the GPU tests below
+    run the compiled step.)"""
+    runs = []
     for traced in (False, True):
-        g = Group([load_config(data=hybrid("lte"))])
+        g = Group([load_config(data=hybrid("lte"), overrides=[f"train.lr={lr}"]) for lr in (3e-3, 1e-2)[:replicas]])
         if traced:
             g.step.forward = torch.compile(g.step._losses, backend="aot_eager", fullgraph=True, dynamic=False)
         for s in range(4):
             g.step(*g.batch(s))
-        groups.append(g)
-    eager, traced = (g.models[0] for g in groups)
-    assert eager.mixers[1].lam_step.item() == 4 and (eager.mixers[1].lam > 1e-9).all()     # lambda moved
-    for (name, a), b in zip(eager.state_dict().items(), traced.state_dict().values()):
-        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7, msg=name)
+        runs.append(g.models)
+    for eager, traced in zip(*runs):
+        assert eager.mixers[1].lam_step.item() == 4 and (eager.mixers[1].lam > 1e-9).all()     # lambda moved
+        for (name, a), b in zip(eager.state_dict().items(), traced.state_dict().values()):
+            torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7, msg=name)
 
 
 def _weights(run_dir):

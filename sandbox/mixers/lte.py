@@ -112,8 +112,15 @@ class RetentionCNN(nn.Module):
         b, t, h, c = kv.shape
         z = kv.permute(0, 2, 3, 1).reshape(b, h * c, t)        # channels grouped head by head
         for conv in self.convs:
-            z = self.dropout(F.silu(conv(z)))
-        return self.head(z).transpose(1, 2)                    # [b, t, h]
+            z = self.dropout(F.silu(_conv(conv, z)))
+        return _conv(self.head, z).transpose(1, 2)             # [b, t, h]
+
+
+def _conv(conv: nn.Conv1d, z: torch.Tensor) -> torch.Tensor:
+    """``conv(z)`` with its weights cast to z's dtype, as autocast does, except under vmap (stacked replicas),
+    where autocast leaves a convolution's batched weights in float32 and the convolution refuses the mix."""
+    return F.conv1d(z, conv.weight.to(z.dtype), conv.bias.to(z.dtype), padding=conv.padding,
+                    dilation=conv.dilation, groups=conv.groups)
 
 
 def value_gate(v: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
