@@ -1,4 +1,5 @@
-"""Sparse-attention mixers (swa, lte, moba, nsa) against naive per-query references in float64,
+"""Sparse-attention mixers (swa, lte, moba, nsa) against naive per-query references in float64
+(outputs and gradients),
 the LTE inference cache against the training mask and a plain-Python eviction reference, the
 lambda feedback loop against a scalar transcription of algorithm 1, and hybrid layer patterns."""
 from __future__ import annotations
