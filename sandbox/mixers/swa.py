@@ -1,6 +1,6 @@
 """Sliding-window softmax attention with attention-sink tokens (``swa``), plus the small
-pieces the other sparse-attention mixers share: head projection, rotary embedding and the
-sink/window mask.
+pieces the other sparse-attention mixers share: head projection, rotary embedding, and
+attention under a pattern.
 
 Query ``i`` sees key ``j`` when ``j <= i`` and (``i - j < window`` or ``j < sinks``): the
 "Lambda-shaped" pattern of StreamingLLM / Longformer global tokens (laLTE eq. 5 without the
