@@ -1,4 +1,5 @@
-"""Sparse-attention mixers (swa, lte, moba, nsa) against naive per-query references in float64,
+"""Sparse-attention mixers (swa, lte, moba, nsa) against naive per-query references in float64
+(outputs and gradients),
 the LTE inference cache against the training mask and a plain-Python eviction reference, the
 lambda feedback loop against a scalar transcription of algorithm 1, and hybrid layer patterns."""
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 
 from sandbox.mixers import MixerContext, build_mixer
 from sandbox.mixers.block_sparse import MoBAConfig, NSAConfig
-from sandbox.mixers.lte import LTEConfig, _ValueGate, use_cache
+from sandbox.mixers.lte import LTEConfig, use_cache, value_gate
 from sandbox.mixers.swa import SWAConfig, rope
 
 D, H = 16, 2
@@ -42,6 +43,21 @@ def naive_attention(q, k, v, allowed):
     return out
 
 
+def assert_same_and_same_grads(m, x, out, ref):
+    """``out`` (the mixer) equals ``ref`` (a reference from the same ``x`` and parameters), and so do their
+    gradients with respect to ``x`` and every parameter, for one random output gradient."""
+    torch.testing.assert_close(out, ref)
+    g = torch.randn_like(out)
+    inputs = [x, *m.parameters()]
+    got = torch.autograd.grad(out, inputs, g, allow_unused=True)
+    want = torch.autograd.grad(ref, inputs, g, allow_unused=True)
+    for (name, _), a, b in zip([("x", x), *m.named_parameters()], got, want):
+        if a is None or b is None:
+            assert a is None and b is None, name
+        else:
+            torch.testing.assert_close(a, b, msg=name)
+
+
 def qkv_of(m, x):
     q, k, v = m.project(x)
     qr, kr = m.positional(q, k)
@@ -53,10 +69,10 @@ def qkv_of(m, x):
 @pytest.mark.parametrize("window,sinks,use_rope", [(5, 2, True), (1, 0, False), (7, 3, False)])
 def test_swa_matches_naive_mask(window, sinks, use_rope):
     m = make("swa", SWAConfig(window=window, sinks=sinks, rope=use_rope))
-    x = torch.randn(2, 19, D, dtype=torch.float64)
+    x = torch.randn(2, 19, D, dtype=torch.float64, requires_grad=True)
     _, _, v, qr, kr = qkv_of(m, x)
     ref = naive_attention(qr, kr, v, lambda b, h, i: [j for j in range(i + 1) if i - j < window or j < sinks])
-    torch.testing.assert_close(m(x), m.finish(ref))
+    assert_same_and_same_grads(m, x, m(x), m.finish(ref))
 
 
 def test_swa_with_large_window_is_attention():
@@ -123,6 +139,37 @@ def test_lte_training_mask_matches_naive_eq5():
     torch.testing.assert_close(m(x), m.finish(ref))
 
 
+class _ValueGateBefore(torch.autograd.Function):
+    """The straight-through gate as lte.py wrote it before ``value_gate``: forward ``v``, ``dL/dr = <v, dL/dv>``."""
+
+    @staticmethod
+    def forward(ctx, v, r):
+        ctx.save_for_backward(v)
+        return v.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (v,) = ctx.saved_tensors
+        return grad, (grad * v).sum(-1)
+
+
+def test_lte_training_forward_and_backward_match_naive_eq5_with_the_straight_through_gate():
+    """In training, the scores learn only through the value gate (eq. 6): outputs and the gradients of x and of
+    every parameter (the CNN's included) equal a per-query reference whose values pass the gate as an
+    ``autograd.Function``."""
+    x = torch.randn(2, 45, D, dtype=torch.float64)
+    m = mixed_lte(x, window=14, sinks=3).train()
+    x.requires_grad_()
+    _, k, v, qr, kr = qkv_of(m, x)
+    r = m.retention(k, v)
+    keep = (r > 0.5).detach()
+    assert 0 < keep.sum() < keep.numel()
+    ref = naive_attention(qr, kr, _ValueGateBefore.apply(v, r),
+                          lambda b, h, i: [j for j in range(i + 1) if j < 3 or i - j < 14 or keep[b, j, h]])
+    assert_same_and_same_grads(m, x, m(x), m.finish(ref))
+    assert m.cnn.convs[0].weight.requires_grad
+
+
 def test_lte_cache_equals_training_mask_below_cap():
     x = torch.randn(3, 60, D, dtype=torch.float64)
     m = mixed_lte(x, seed=1, window=13, sinks=2, cap=64)
@@ -171,7 +218,7 @@ def test_value_gate_gradient_is_value_dot_grad():
     v = torch.randn(2, 5, 3, 4, dtype=torch.float64, requires_grad=True)
     r = torch.rand(2, 5, 3, dtype=torch.float64, requires_grad=True)
     g = torch.randn(2, 5, 3, 4, dtype=torch.float64)
-    out = _ValueGate.apply(v, r)
+    out = value_gate(v, r)
     torch.testing.assert_close(out, v)
     out.backward(g)
     torch.testing.assert_close(r.grad, (g * v).sum(-1).detach())
@@ -271,7 +318,7 @@ def test_moba_all_blocks_is_full_attention():
 def test_moba_topk_matches_naive():
     B, K, T = 5, 2, 33
     m = make("moba", MoBAConfig(block_size=B, top_k=K, rope=False))
-    x = torch.randn(2, T, D, dtype=torch.float64)
+    x = torch.randn(2, T, D, dtype=torch.float64, requires_grad=True)
     _, _, v, qr, kr = qkv_of(m, x)
 
     def allowed(b, h, i):
@@ -281,7 +328,7 @@ def test_moba_topk_matches_naive():
         return [j for j in range(i + 1) if j // B in chosen]
 
     ref = naive_attention(qr, kr, v, allowed)
-    torch.testing.assert_close(m(x), m.finish(ref))
+    assert_same_and_same_grads(m, x, m(x), m.finish(ref))
 
 
 # ---- nsa ------------------------------------------------------------------------------------------
@@ -289,7 +336,7 @@ def test_moba_topk_matches_naive():
 def test_nsa_matches_naive():
     l, d, L, n, w, T = 4, 2, 4, 4, 5, 26
     m = make("nsa", NSAConfig(cmp_block=l, cmp_stride=d, slc_block=L, slc_count=n, window=w, rope=True))
-    x = torch.randn(2, T, D, dtype=torch.float64)
+    x = torch.randn(2, T, D, dtype=torch.float64, requires_grad=True)
     q, kc, vc, ks, vs, kw, vw = m.qkv(x).view(2, T, 7, H, DH).unbind(2)
     pos = torch.arange(T)[:, None]
     qr, ks, kw = (rope(z, pos) for z in (q, ks, kw))
@@ -325,7 +372,7 @@ def test_nsa_matches_naive():
                 o_w = soft(kw, vw, [j for j in range(i + 1) if i - j < w])
                 gi = g[b, i, h]
                 out[b, h, i] = gi[0] * o_c + gi[1] * o_s + gi[2] * o_w
-    torch.testing.assert_close(m(x), m.finish(out))
+    assert_same_and_same_grads(m, x, m(x), m.finish(out))
 
 
 def test_nsa_config_constraints():

@@ -12,7 +12,8 @@ Optional extras a mixer may override:
   * ``forward_at(x, positions)`` -> the output at a few rows only, ``[batch, P, d_model]`` (the last layer,
     under a head that reads P positions): by default the whole output, then those rows; a mixer whose
     output ends in per-token work does that work on the P rows alone;
-  * ``graph_safe()`` -> True when a training step with this mixer may be a CUDA graph;
+  * ``eager_reason()`` -> None when a training step with this mixer may be compiled, captured as a CUDA graph
+    and stacked (``graph_safe()``), else why not in one line (``train.cuda_graph: true`` prints it);
   * capture: while ``self.capture`` is a dict, ``forward`` stores analysis tensors in it
     (``keys``, ``values``, ``routing``, ``final_state``, ``gates`` ...) without changing
     the computation. ``record(name, tensor)`` does the bookkeeping.
@@ -65,7 +66,11 @@ class Mixer(nn.Module):
         """Whether forward and backward keep static shapes and never wait on the host, so a
         training step can be captured as a CUDA graph and its replicas stacked
         (``sandbox/train/step.py``). Off unless a mixer has been checked."""
-        return False
+        return self.eager_reason() is None
+
+    def eager_reason(self) -> str | None:
+        """Why a training step with this mixer stays eager, in one line; None where it is graph-safe."""
+        return "not checked for static shapes and host reads"
 
     def state_size(self, seq_len: int) -> int:
         """Elements of recurrent state per sequence (attention: its KV cache)."""

@@ -1,9 +1,8 @@
 """Query-aware block-sparse attention: MoBA (``moba``) and Native Sparse Attention (``nsa``).
 
-Both score blocks of past keys per query and head, keep the top ones, and run softmax
-attention over the chosen blocks' tokens. They are written with block-level scores and one
-boolean token mask ``[b, h, t, t]`` handed to SDPA: correct and simple research baselines for
-seq_len 2k-8k, not fast kernels.
+Both score blocks of past keys per query and head, keep the top ones (``topk``: fixed shapes), and
+run softmax attention over the chosen blocks' tokens (``swa.ChosenBlocks``: FlexAttention's block
+mask in a compiled step on CUDA, a boolean ``[b, h, t, t]`` mask for SDPA elsewhere).
 
 **MoBA** (Lu et al. 2025): blocks of ``block_size`` tokens; block key = mean of the block's
 (post-RoPE) keys; gate = q . mean key; blocks after the query's own block are excluded, the
@@ -39,7 +38,7 @@ import torch
 from torch import nn
 
 from sandbox.mixers.base import Linear, MixerContext, register
-from sandbox.mixers.swa import HeadAttention, attend, sink_window_mask
+from sandbox.mixers.swa import ChosenBlocks, HeadAttention, SinkWindow, attend
 
 
 def topk_block_mask(score: torch.Tensor, k: int) -> torch.Tensor:
@@ -48,12 +47,6 @@ def topk_block_mask(score: torch.Tensor, k: int) -> torch.Tensor:
     idx = score.topk(k, dim=-1).indices
     chosen = torch.zeros_like(score, dtype=torch.bool).scatter_(-1, idx, True)
     return chosen & (score > -math.inf)
-
-
-def blocks_to_tokens(sel: torch.Tensor, block: int, t: int) -> torch.Tensor:
-    """``[b, h, t, n_blocks]`` block choice -> causal token mask ``[b, h, t, t]``."""
-    causal = torch.ones(t, t, dtype=torch.bool, device=sel.device).tril()
-    return sel.repeat_interleave(block, dim=-1)[..., :t] & causal
 
 
 def _check_positive(cfg, *fields):
@@ -95,7 +88,7 @@ class MoBA(HeadAttention):
         self.record("keys", k)
         self.record("values", v)
         self.record("routing", sel)
-        return self.finish(attend(q, k, v, blocks_to_tokens(sel, B, t)))
+        return self.finish(attend(q, k, v, ChosenBlocks(sel, B)))
 
 
 @dataclass
@@ -171,10 +164,10 @@ class NativeSparseAttention(HeadAttention):
         sel = topk_block_mask(score, cfg.slc_count)
         qr, ks = self.positional(q, ks)
         _, kw = self.positional(q, kw)
-        o_slc = attend(qr, ks, vs, blocks_to_tokens(sel, L, t))
+        o_slc = attend(qr, ks, vs, ChosenBlocks(sel, L))
 
         # sliding branch
-        o_swa = attend(qr, kw, vw, sink_window_mask(t, cfg.window, 0, x.device))
+        o_swa = attend(qr, kw, vw, SinkWindow(t, cfg.window, 0, x.device))
 
         g = torch.sigmoid(self.gate(x)).view(b, t, h, 3).permute(0, 2, 1, 3)    # [b, h, t, 3]
         o = g[..., 0:1] * o_cmp.to(o_slc.dtype) + g[..., 1:2] * o_slc + g[..., 2:3] * o_swa

@@ -12,10 +12,13 @@ grouped conv). Each conv zero-pads 2 on both sides ("same"), so the score of tok
 tokens j-6 .. j+6; it is only used once j has left the window (``window >= 13`` is
 required), when those tokens are all in the past of the query, so nothing leaks.
 
-Training (this module): one attention over the full causal sequence with the boolean mask
-above. Gradient to the scores (eq. 6): values pass through a straight-through gate
-``v' = v * m`` with ``m = 1`` in the forward, and ``dL/dr[j, h] = <v[j, h], dL/dv'[j, h]>``
-(summed over every query that reads v_j, as the paper writes it and its released code does).
+Training (this module): one attention over the full causal sequence under the pattern above
+(``swa.Retained``: FlexAttention's block mask in a compiled step on CUDA, a boolean mask for SDPA
+elsewhere). The keep decision is the hard threshold ``r > 0.5`` (no top-b while training: the cap
+is approached through the penalty below). Gradient to the scores (eq. 6): values pass through a
+straight-through gate ``v' = v * m`` with ``m = 1`` in the forward, and
+``dL/dr[j, h] = <v[j, h], dL/dv'[j, h]>`` (summed over every query that reads v_j, as the paper
+writes it and its released code does).
 
 Sparsity penalty (eq. 7) and the lambda feedback loop (appendix A, algorithm 1), per head::
 
@@ -52,7 +55,7 @@ from torch import nn
 
 from sandbox.mixers.base import MixerContext, register
 from sandbox.mixers.lte_cache import run_with_cache
-from sandbox.mixers.swa import HeadAttention, SWAConfig, attend, sink_window_mask
+from sandbox.mixers.swa import HeadAttention, Retained, SinkWindow, SWAConfig, attend
 
 KERNEL, DILATION, LAYERS = 3, 2, 3
 RECEPTIVE_FIELD = 1 + LAYERS * (KERNEL - 1) * DILATION      # 13
@@ -109,23 +112,23 @@ class RetentionCNN(nn.Module):
         b, t, h, c = kv.shape
         z = kv.permute(0, 2, 3, 1).reshape(b, h * c, t)        # channels grouped head by head
         for conv in self.convs:
-            z = self.dropout(F.silu(conv(z)))
-        return self.head(z).transpose(1, 2)                    # [b, t, h]
+            z = self.dropout(F.silu(_conv(conv, z)))
+        return _conv(self.head, z).transpose(1, 2)             # [b, t, h]
 
 
-class _ValueGate(torch.autograd.Function):
-    """Straight-through value mask (eq. 6): forward ``v``, ``dL/dr = <v, dL/dv>`` per token and head."""
+def _conv(conv: nn.Conv1d, z: torch.Tensor) -> torch.Tensor:
+    """``conv(z)`` with its weights cast to z's dtype, as autocast does, except under vmap (stacked replicas),
+    where autocast leaves a convolution's batched weights in float32 and the convolution refuses the mix."""
+    return F.conv1d(z, conv.weight.to(z.dtype), conv.bias.to(z.dtype), padding=conv.padding,
+                    dilation=conv.dilation, groups=conv.groups)
 
-    @staticmethod
-    def forward(ctx, v, r):
-        ctx.save_for_backward(v)
-        ctx.r_dtype = r.dtype
-        return v.clone()
 
-    @staticmethod
-    def backward(ctx, grad):
-        (v,) = ctx.saved_tensors
-        return grad, (grad * v).sum(-1).to(ctx.r_dtype)
+def value_gate(v: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """Straight-through value mask (eq. 6): ``v`` in the forward, ``dL/dr = <v, dL/dv>`` per token and head.
+    Written as ``v + (r - r.detach()) v.detach()``, whose second term is zero, rather than as an
+    ``autograd.Function``: vmap (stacked replicas) refuses a Function without a rule, and torch.compile inside
+    vmap differentiates a Function's forward, ignoring its backward (pytorch/pytorch#129845)."""
+    return v + (r - r.detach()).to(v.dtype)[..., None] * v.detach()
 
 
 @register("lte", LTEConfig)
@@ -149,18 +152,16 @@ class LearnableTokenEviction(HeadAttention):
         q, k, v = self.project(x)
         if self.inference_cache and not self.training:
             return self.finish(run_with_cache(self, q, k, v))
-        b, t, _ = x.shape
+        t = x.shape[1]
         w, s = self.cfg.window, self.cfg.sinks
         r = self.retention(k, v)                                   # [b, t, h]
         keep = r > 0.5
         if self.training and torch.is_grad_enabled():
-            v = _ValueGate.apply(v, r)
+            v = value_gate(v, r)
             if self.cfg.dense_steps:
                 keep = keep | (self.lam_step < self.cfg.dense_steps)      # warm-up: nothing evicted
         q, k = self.positional(q, k)
-        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        mask = sink_window_mask(t, w, s, x.device) | (keep.transpose(1, 2)[:, :, None, :] & causal)
-        o = attend(q, k, v, mask)                                  # mask [b, h, t, t]
+        o = attend(q, k, v, Retained(SinkWindow(t, w, s, x.device), keep.transpose(1, 2)))
 
         eligible = r[:, s:max(s, t - w)]                           # tokens leaving the window in-sequence
         count = (eligible.detach() > 0.5).float().sum(1).mean(0)   # [h]

@@ -137,9 +137,10 @@ class PartitionedMixer(Mixer):
         aux, self._aux = self._aux, None   # handed over once (base.py)
         return aux
 
-    def graph_safe(self) -> bool:
-        # masking has fixed shapes; varlen sorts the routed tokens (data-dependent sizes)
-        return resolve_impl(self.cfg.impl, self.ctx.max_seq_len, self.cfg.n) == "masking"
+    def eager_reason(self) -> str | None:
+        if resolve_impl(self.cfg.impl, self.ctx.max_seq_len, self.cfg.n) == "masking":
+            return None     # fixed shapes
+        return "impl varlen sorts the routed tokens into segments of data-dependent sizes"
 
     def state_size(self, seq_len: int) -> int:
         return (self.n + int(self.shared)) * self.H * self.K * self.V

@@ -1,6 +1,6 @@
 """Sliding-window softmax attention with attention-sink tokens (``swa``), plus the small
-pieces the other sparse-attention mixers share: head projection, rotary embedding and the
-sink/window mask.
+pieces the other sparse-attention mixers share: head projection, rotary embedding, and
+attention under a pattern.
 
 Query ``i`` sees key ``j`` when ``j <= i`` and (``i - j < window`` or ``j < sinks``): the
 "Lambda-shaped" pattern of StreamingLLM / Longformer global tokens (laLTE eq. 5 without the
@@ -9,6 +9,15 @@ LTE term). ``window`` counts the query itself, so ``window=1`` is attention to s
 RoPE: the backbone has no positions by default (``model.positions: none``), so a hybrid's
 recurrent layers carry order. The papers' attention layers use RoPE on q and k; ``rope: true``
 (the default here, as in laLTE/NSA/MoBA) applies it, ``rope: false`` leaves q, k as projected.
+
+Attention under a pattern (``attend``): every sparse mixer states which keys each query sees as a
+pattern object with two forms of it, a boolean mask for ``scaled_dot_product_attention`` and a
+FlexAttention ``mask_mod`` with the occupancy of each ``TILE x TILE`` tile (the block mask, built
+on the device from the pattern's own tensors: no host read, fixed shapes). Inside a compiled step
+on CUDA, outside ``vmap``, attention is FlexAttention's compiled kernel, which skips the tiles no
+query of a tile sees and never holds a ``[b, h, t, t]`` mask. Everywhere else it is SDPA with the
+boolean mask: eager FlexAttention is a dense reference implementation, it has no backward on the
+CPU, and it has no ``vmap`` rule (stacked replicas).
 """
 from __future__ import annotations
 
@@ -16,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from sandbox.mixers.attention import causal_window_mask
 from sandbox.mixers.base import Linear, Mixer, MixerContext, register
@@ -93,12 +102,142 @@ class HeadAttention(Mixer):
         b, h, t, dh = o.shape
         return self.out(o.transpose(1, 2).reshape(b, t, h * dh))
 
+    def eager_reason(self) -> str | None:
+        return None     # masks from index arithmetic and top-k on the device: fixed shapes, no host read
 
-def attend(q, k, v, mask) -> torch.Tensor:
-    """SDPA on ``[b, t, h, dh]`` inputs with a boolean mask broadcastable to ``[b, h, t, t]``;
-    returns ``[b, h, t, dh]``."""
-    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                          attn_mask=mask)
+
+# FlexAttention's tile (its default sparse block): a block mask lists, per tile of TILE queries, the
+# tiles of TILE keys that any of them sees.
+TILE = 128
+# FlexAttention where ``use_flex`` allows it; benchmarks/hybrid_speed.py turns it off to time the compiled
+# step with SDPA's boolean masks instead.
+FLEX = True
+
+
+def use_flex(q: torch.Tensor) -> bool:
+    """Whether attention on ``q [b, h, t, dh]`` runs as FlexAttention: on CUDA inside torch.compile (eagerly
+    it is a dense reference), outside vmap (it has no batching rule), head dim >= 16 (its kernel's least)."""
+    return (FLEX and q.is_cuda and torch.compiler.is_compiling() and q.shape[-1] >= 16
+            and not torch._C._functorch.is_batchedtensor(q))
+
+
+def _tiles(t: int) -> int:
+    return -(-t // TILE)
+
+
+def _tile_any_all(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per tile of a boolean ``[t, t]`` mask: whether it holds a True, and whether it is all True."""
+    t, n = mask.shape[-1], _tiles(mask.shape[-1])
+    m = F.pad(mask, (0, n * TILE - t, 0, n * TILE - t)).view(n, TILE, n, TILE)
+    return m.any(3).any(1), m.all(3).all(1)
+
+
+class SinkWindow:
+    """Query i sees key j when ``j <= i`` and (``i - j < window`` or ``j < sinks``); ``window=None``:
+    every ``j <= i``."""
+
+    def __init__(self, t: int, window: int | None, sinks: int, device):
+        self.t, self.window, self.sinks, self.device = t, window, sinks, device
+        span = t if window is None else window
+
+        def mask_mod(b, h, i, j):     # a function of exactly (b, h, i, j): FlexAttention counts the arguments
+            return (j <= i) & ((i - j < span) | (j < sinks))
+        self.mask_mod = mask_mod
+
+    def dense(self) -> torch.Tensor:
+        """Boolean ``[t, t]``."""
+        return sink_window_mask(self.t, self.window, self.sinks, self.device)
+
+    def tiles(self):
+        """``(any, all)``, each ``[1, 1, tiles, tiles]``: tiles holding a visible pair, tiles all visible."""
+        some, every = _tile_any_all(self.dense())
+        return some[None, None], every[None, None]
+
+
+class Retained:
+    """``base`` plus every earlier key j that ``keep [b, h, t]`` marks (LTE, laLTE eq. 5)."""
+
+    def __init__(self, base: SinkWindow, keep: torch.Tensor):
+        self.base, self.keep = base, keep
+
+        def mask_mod(b, h, i, j):
+            return base.mask_mod(b, h, i, j) | (keep[b, h, j] & (j <= i))
+        self.mask_mod = mask_mod
+
+    def dense(self) -> torch.Tensor:
+        """Boolean ``[b, h, t, t]``."""
+        t = self.base.t
+        causal = torch.ones(t, t, dtype=torch.bool, device=self.keep.device).tril()
+        return self.base.dense() | (self.keep[:, :, None, :] & causal)
+
+    def tiles(self):
+        some, every = self.base.tiles()
+        b, h, t = self.keep.shape
+        n = _tiles(t)
+        kept = F.pad(self.keep, (0, n * TILE - t)).view(b, h, n, TILE).any(-1)            # [b, h, tiles]
+        tile = torch.arange(n, device=self.keep.device)
+        return some | (kept[:, :, None, :] & (tile[None, :] <= tile[:, None])), every
+
+
+class ChosenBlocks:
+    """Query i sees key j when ``j <= i`` and ``chosen [b, h, t, n_blocks]`` marks j's block of ``block``
+    tokens for query i (MoBA, NSA's selected branch)."""
+
+    def __init__(self, chosen: torch.Tensor, block: int):
+        self.chosen, self.block = chosen, block
+
+        def mask_mod(b, h, i, j):
+            return chosen[b, h, i, j // block] & (j <= i)
+        self.mask_mod = mask_mod
+
+    def dense(self) -> torch.Tensor:
+        """Boolean ``[b, h, t, t]``."""
+        t = self.chosen.shape[2]
+        causal = torch.ones(t, t, dtype=torch.bool, device=self.chosen.device).tril()
+        return self.chosen.repeat_interleave(self.block, dim=-1)[..., :t] & causal
+
+    def tiles(self):
+        b, h, t, nb = self.chosen.shape
+        n = _tiles(t)
+        rows = F.pad(self.chosen, (0, 0, 0, n * TILE - t)).view(b, h, n, TILE, nb).any(3)   # [b, h, tiles, nb]
+        blk = torch.arange(nb, device=self.chosen.device)[:, None]
+        tile = torch.arange(n, device=self.chosen.device)[None, :]
+        overlap = (blk * self.block < (tile + 1) * TILE) & ((blk + 1) * self.block > tile * TILE)   # [nb, tiles]
+        return (rows[..., None] & overlap).any(-2) & (tile <= tile.T), None
+
+
+def block_mask(pattern, t: int) -> BlockMask:
+    """FlexAttention's block mask of ``pattern`` over ``t`` tokens: the tiles some query sees, those it sees
+    whole kept apart (their ``mask_mod`` is skipped), as index lists of fixed length."""
+    some, every = pattern.tiles()
+    if every is None:
+        every = torch.zeros_like(some)
+    shape = torch.broadcast_shapes(some.shape, every.shape)
+    some, every = some.expand(shape), every.expand(shape)
+
+    def ordered(tiles: torch.Tensor):
+        tiles = tiles.to(torch.int8)
+        return (tiles.sum(-1, dtype=torch.int32),
+                torch.argsort(tiles, dim=-1, descending=True, stable=True).to(torch.int32))
+
+    partial, full = ordered(some & ~every), ordered(every)
+    return BlockMask.from_kv_blocks(*partial, *full, BLOCK_SIZE=TILE, mask_mod=pattern.mask_mod,
+                                    seq_lengths=(t, t))
+
+
+def flex_attend(q, k, v, pattern) -> torch.Tensor:
+    """FlexAttention on ``[b, h, t, dh]`` inputs under ``pattern``."""
+    return flex_attention(q, k, v, block_mask=block_mask(pattern, q.shape[-2]))
+
+
+def attend(q, k, v, pattern) -> torch.Tensor:
+    """Softmax attention of ``q, k, v [b, t, h, dh]`` where ``pattern`` (``SinkWindow``, ``Retained``,
+    ``ChosenBlocks``) lets each query see; returns ``[b, h, t, dh]``. FlexAttention where ``use_flex``, else
+    SDPA with the pattern's boolean mask (see the module doc)."""
+    q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+    if use_flex(q):
+        return flex_attend(q, k, v, pattern)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=pattern.dense())
 
 
 @register("swa", SWAConfig)
@@ -108,8 +247,7 @@ class SlidingWindowAttention(HeadAttention):
         q, k = self.positional(q, k)
         self.record("keys", k)
         self.record("values", v)
-        mask = sink_window_mask(x.shape[1], self.cfg.window, self.cfg.sinks, x.device)
-        return self.finish(attend(q, k, v, mask))
+        return self.finish(attend(q, k, v, SinkWindow(x.shape[1], self.cfg.window, self.cfg.sinks, x.device)))
 
     def state_size(self, seq_len: int) -> int:
         return 2 * min(seq_len, self.cfg.window + self.cfg.sinks) * self.ctx.d_model

@@ -42,9 +42,14 @@ def use_cuda_graph(setting, device: torch.device, model) -> bool:
     if setting and device.type != "cuda":
         raise ValueError(f"train.cuda_graph: true needs a CUDA device, got {device}")
     if setting and not graph_safe(model):
-        names = sorted({m.mixer_name for m in model.mixers if not m.graph_safe()})
-        raise ValueError(f"train.cuda_graph: true, but mixer(s) {', '.join(names)} are not graph-safe")
+        raise ValueError(f"train.cuda_graph: true, but {eager_mixers(model)}")
     return bool(setting)
+
+
+def eager_mixers(model) -> str:
+    """Which mixers of ``model`` are not graph-safe, and why (each mixer's ``eager_reason``)."""
+    return "; ".join(sorted({f"mixer {m.mixer_name} is not graph-safe: {m.eager_reason()}"
+                             for m in model.mixers if not m.graph_safe()}))
 
 
 def use_compile(setting, device: torch.device, model) -> bool:
@@ -102,8 +107,7 @@ class Group:
         if tc.precision == "fp64":
             self.models = [m.double() for m in self.models]
         if len(cfgs) > 1 and not graph_safe(self.models[0]):
-            names = sorted({m.mixer_name for m in self.models[0].mixers if not m.graph_safe()})
-            raise ValueError(f"train_replicas: mixer(s) {', '.join(names)} cannot train stacked (not graph-safe)")
+            raise ValueError(f"train_replicas: cannot train stacked: {eager_mixers(self.models[0])}")
         self.bf16 = tc.precision == "bf16" or (tc.precision == "auto" and device.type == "cuda")
         self.graph = use_cuda_graph(tc.cuda_graph, device, self.models[0])
         # a seed's task gives its replicas the same batches: one pool per seed

@@ -235,6 +235,7 @@ class Step:
         self.optimizer = StackedAdamW(models, train_cfgs, self.lr)
         self.loss_sum = torch.zeros(self.R, device=self.device)
         self.buffer_names = [n for n, _ in models[0].named_buffers()]
+        self.model_buffers = [list(m.buffers()) for m in models]   # read here: traced after a forward, a graph break
         self.forward, self.compiled = self._losses, False
         self.capture_after = capture_after
         self.graph = None
@@ -297,7 +298,12 @@ class Step:
             return logits, y, (aux if aux is not None else logits.new_zeros((), dtype=torch.float32))
 
         dim = 0 if x.dim() == 3 else None
+        # randomness: each replica draws its own random numbers (LTE's dropout), as a run of its own would
         logits, y, aux = torch.func.vmap(one, in_dims=(0, 0, dim, dim), randomness="different")(params, buffers, x, y)
+        # a mixer's running state updated in the forward (LTE's lambda) went to the stacked copies: back to the models
+        for stacked, bs in zip(buffers.values(), zip(*self.model_buffers)):
+            for r, b in enumerate(bs):
+                b.copy_(stacked[r])
         # The loss over all replicas at once, outside vmap (one op over all rows; under vmap, torch's loss had
         # picked each target's logit in its backward by a scatter into a zero tensor the size of the logits).
         nll = cross_entropy(logits, y)
