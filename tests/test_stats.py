@@ -9,7 +9,8 @@ import pytest
 from scipy import stats as scipy_stats
 
 from sandbox.analysis import stats
-from sandbox.analysis.stats import FAILS, HOLDS, OPEN, combine, decide, difference, greater, holm, less, shift, within
+from sandbox.analysis.stats import (FAILS, HOLDS, OPEN, combine, contrast, decide, difference, greater, holm, less,
+                                    shift, within)
 
 
 def test_welch_interval_against_hand_arithmetic_and_scipy():
@@ -23,6 +24,24 @@ def test_welch_interval_against_hand_arithmetic_and_scipy():
     ref = scipy_stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
     assert e.interval() == pytest.approx((ref.low, ref.high))
     assert e.p_superior == 1.0
+
+
+def test_a_difference_of_differences_against_hand_arithmetic():
+    """(a16 - b16) - (a4 - b4): sum of signed means; variance sum of s^2 / n; Welch-Satterthwaite df."""
+    a16, b16, a4, b4 = [0.6, 0.8, 0.7], [0.1, 0.3], [0.5, 0.6, 0.4, 0.5], [0.2, 0.2, 0.3]
+    e = contrast([(1, a16), (-1, b16), (-1, a4), (1, b4)])
+    assert e.estimate == pytest.approx((0.7 - 0.2) - (0.5 - 0.7 / 3))
+    v = [0.01 / 3, 0.02 / 2, (0.02 / 3) / 4, (0.01 / 3 / 3)]          # sample variances 0.01, 0.02, 0.00667, 0.00333
+    assert e.se == pytest.approx(math.sqrt(sum(v)))
+    assert e.df == pytest.approx(sum(v) ** 2 / (v[0] ** 2 / 2 + v[1] ** 2 / 1 + v[2] ** 2 / 3 + v[3] ** 2 / 2))
+    assert e.interval() == pytest.approx((e.estimate - scipy_stats.t.ppf(0.975, e.df) * e.se,
+                                          e.estimate + scipy_stats.t.ppf(0.975, e.df) * e.se))
+    two = contrast([(1, a16), (-1, b16)])                         # two terms: Welch's difference
+    assert (two.estimate, two.se, two.df) == pytest.approx((difference(a16, b16).estimate, difference(a16, b16).se,
+                                                            difference(a16, b16).df))
+    assert math.isnan(contrast([(1, [0.5]), (-1, [0.2, 0.3])]).df)    # one seed: no interval
+    with pytest.raises(ValueError, match=r"signed \+1 or -1"):
+        contrast([(2, a16), (-1, b16)])
 
 
 def test_exact_agreement_still_gives_an_interval_that_narrows_with_seeds():

@@ -127,7 +127,8 @@ def test_the_parts_of_a_figure_fill_one_study_without_overlapping(figure):
 
 def test_sla_heads_decides_on_conv_rows_with_five_seeds_and_keeps_a_conv_off_column():
     """GLA and SLA with conv 4 at every H over seeds 0-4 (the claim), both without conv at seed 0 (the
-    robustness column); SLA's core gets the conv (the option SLA passes on)."""
+    robustness column), attention with learned positions at every H over seeds 0-2 (the positive
+    control); SLA's core gets the conv (the option SLA passes on)."""
     assert all(has_conv(m) for m in ("gla", "metala", "gsa", "gated_deltanet", "sse", "sla"))
     seeds = {}
     for _, cfg in configs("sla_heads"):
@@ -136,8 +137,10 @@ def test_sla_heads_decides_on_conv_rows_with_five_seeds_and_keeps_a_conv_off_col
         seeds.setdefault(key, set()).add(cfg.seed)
         assert m.d_model == 256 and m.channel_mixer == "swiglu" and m.options("sla").base == "gla"
         assert cfg.task.params.noise > 0
+        assert m.positions == ("learned" if m.mixer == "attention" else "none")
     assert seeds == {**{(mx, 4, h): {0, 1, 2, 3, 4} for mx in ("gla", "sla") for h in (4, 8, 16)},
-                     **{(mx, 0, h): {0} for mx in ("gla", "sla") for h in (4, 8, 16)}}
+                     **{(mx, 0, h): {0} for mx in ("gla", "sla") for h in (4, 8, 16)},
+                     **{("attention", None, h): {0, 1, 2} for h in (4, 8, 16)}}
     from sandbox.train.group import build
     cfg = next(c for _, c in configs("sla_heads") if c.model.mixer == "sla" and conv(c) == 4)
     mixer = build(cfg, torch.device("cpu"))[1].mixers[0]
@@ -168,19 +171,22 @@ def test_fig8_is_three_seeds_at_d128_one_seed_elsewhere_conv_on_but_one_column()
 
 
 def test_state_scaling_covers_n_k_up_to_8_and_three_gla_references():
-    pairs, gla = set(), set()
+    pairs, gla, control = set(), set(), set()
     for p, cfg in configs("sse_state_scaling"):
         m = cfg.model
+        assert m.positions == ("learned" if m.mixer == "attention" else "none")
         if m.mixer == "sse":
             o = m.options("sse")
             pairs.add((o.n, o.k))
+        elif m.mixer == "attention":             # the positive control
+            control.add(cfg.seed)
         else:
             assert m.mixer == "gla"
             gla.add((m.options("gla").topk, m.options("gla").conv_size))
         t = cfg.task.params
         assert t.noise > 0 and t.num_kv_pairs >= mixer_config_class("gla")().state_rows(m.d_model, m.n_heads)
     assert pairs == {(n, k) for n in (1, 2, 4, 8) for k in (1, 2, 4, 8) if k <= n}
-    assert gla == {(None, 0), (None, 4), (8, 0)}
+    assert gla == {(None, 0), (None, 4), (8, 0)} and control == {0, 1, 2}
     assert {conv(cfg) for _, cfg in configs("sse_state_scaling") if cfg.model.mixer == "sse"} == {0}
 
 
@@ -191,14 +197,19 @@ def test_state_scaling_with_conv_is_the_first_file_with_conv_4_on_every_row():
     rows = set()
     for _, cfg in configs("sse_state_scaling_conv"):
         m = cfg.model
-        assert conv(cfg) == 4 and (task(cfg), cfg.seed) in first
-        rows.add(("sse", m.options("sse").n, m.options("sse").k) if m.mixer == "sse" else ("gla", m.options("gla").topk))
-    assert rows == {("sse", n, k) for n in (1, 2, 4, 8) for k in (1, 2, 4, 8) if k <= n} | {("gla", None), ("gla", 8)}
+        assert conv(cfg) == (None if m.mixer == "attention" else 4) and (task(cfg), cfg.seed) in first
+        rows.add(("sse", m.options("sse").n, m.options("sse").k) if m.mixer == "sse" else
+                 ("gla", m.options("gla").topk) if m.mixer == "gla" else (m.mixer, m.positions))
+    assert rows == ({("sse", n, k) for n in (1, 2, 4, 8) for k in (1, 2, 4, 8) if k <= n}
+                    | {("gla", None), ("gla", 8), ("attention", "learned")})
 
 
 def test_ablations_change_one_option_at_a_time_from_the_default():
     fields = ("key_map", "shared_params", "gate")
-    variants = {tuple(getattr(cfg.model.options("sse"), f) for f in fields) for _, cfg in configs("sse_ablations")}
+    control = {(cfg.seed, cfg.model.positions) for _, cfg in configs("sse_ablations") if cfg.model.mixer == "attention"}
+    assert control == {(s, "learned") for s in range(5)}                  # the positive control, at every seed
+    ablations = [(p, cfg) for p, cfg in configs("sse_ablations") if cfg.model.mixer != "attention"]
+    variants = {tuple(getattr(cfg.model.options("sse"), f) for f in fields) for _, cfg in ablations}
     ref = ("softmax", True, "write_read")
     assert ref in variants
     assert all(sum(a != b for a, b in zip(v, ref)) == 1 for v in variants - {ref})
@@ -206,8 +217,8 @@ def test_ablations_change_one_option_at_a_time_from_the_default():
     assert {v[1] for v in variants} == {True, False}
     assert {v[2] for v in variants} == {"none", "write", "read", "write_read"}
     assert {(cfg.model.mixer, cfg.model.options("sse").n, cfg.model.options("sse").k, conv(cfg))
-            for _, cfg in configs("sse_ablations")} == {("sse", 4, 1, 4)}
-    default = [cfg for _, cfg in configs("sse_ablations") if cfg.model.options("sse").key_map == "softmax"
+            for _, cfg in ablations} == {("sse", 4, 1, 4)}
+    default = [cfg for _, cfg in ablations if cfg.model.options("sse").key_map == "softmax"
                and cfg.model.options("sse").shared_params and cfg.model.options("sse").gate == "write_read"]
     n4k1 = [cfg for _, cfg in configs("sse_state_scaling_conv")
             if cfg.model.mixer == "sse" and (cfg.model.options("sse").n, cfg.model.options("sse").k) == (4, 1)]

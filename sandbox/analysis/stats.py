@@ -1,7 +1,8 @@
 """The statistics that verdicts and ``sandbox compare`` are written in, on top of ``scipy.stats``.
 
 A comparison's **effect** is a difference of means over seeds: ``mean(a) - mean(b)``, or ``mean(a) - c`` for a
-cell against a fixed level ``c`` (a chance level, a ceiling). Its 95% interval is Welch's t interval, which
+cell against a fixed level ``c`` (a chance level, a ceiling), or a signed sum of several cells' means (``contrast``:
+a difference of differences). Its 95% interval is Welch's t interval, which
 narrows as 1/sqrt(n) as seeds are added, so every comparison becomes decidable with enough seeds. A seed's spread
 is taken as at least ``SD_FLOOR``: cells whose seeds agree exactly (all at 1.0, say) would otherwise get an
 interval of width zero from two seeds.
@@ -107,6 +108,23 @@ def difference(a: Sequence[float], b: Sequence[float]) -> Effect:
     est = sum(a) / len(a) - sum(b) / len(b)
     wins = sum((x > y) + 0.5 * (x == y) for x in a for y in b) / (len(a) * len(b))
     return Effect(est, se, df, (len(a), len(b)), (sa, sb), wins)
+
+
+def contrast(terms: Sequence[tuple[int, Sequence[float]]]) -> Effect:
+    """``sum(sign * mean(cell))`` over ``(sign, cell)`` terms with signs +1 or -1, e.g. a difference of differences
+    ((A16 - B16) - (A4 - B4): signs +1, -1, -1, +1), with Welch-Satterthwaite degrees of freedom: the variance is
+    ``sum(sd^2 / n)``, each spread floored at SD_FLOOR as in ``difference`` (no interval while a cell has one
+    seed). Signs only, so that planning (``seeds_for_power``: the cells' variances summed) holds for it too."""
+    if not terms or any(not cell for _, cell in terms):
+        raise ValueError("cells: a contrast needs at least one seed in each of its cells")
+    if any(c not in (1, -1) for c, _ in terms):
+        raise ValueError(f"signs: a contrast's terms are signed +1 or -1, got {[c for c, _ in terms]}")
+    sds = tuple(_sd(cell) for _, cell in terms)
+    vs = [_floored(s) ** 2 / len(cell) for (_, cell), s in zip(terms, sds)]
+    ns = tuple(len(cell) for _, cell in terms)
+    df = sum(vs) ** 2 / sum(v * v / (n - 1) for v, n in zip(vs, ns)) if min(ns) > 1 else math.nan
+    est = sum(c * sum(cell) / len(cell) for c, cell in terms)
+    return Effect(est, math.sqrt(sum(vs)), df, ns, sds)
 
 
 def shift(a: Sequence[float], level: float) -> Effect:

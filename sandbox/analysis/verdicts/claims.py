@@ -5,6 +5,8 @@ A figure's ``verdict.py`` builds its claims from a ``Table`` (the finished trial
     claim = Claim("A: top-k improves recall")                    # every item must hold (``need``: a count)
     claim.compare("gla, zero tokens", t.cell(**topk), t.cell(**dense), greater(0.05, expect=0.3))
     claim.against("gsa, zero tokens", t.cell(**gsa), t.chance, less(0.05))     # a cell against a fixed level
+    claim.contrast("gain(16) - gain(4)", [(+1, sla16), (-1, gla16), (-1, sla4), (+1, gla4)], greater(0.05),
+                   ("SLA H16", "GLA H16", "SLA H4", "GLA H4"))                # a difference of differences
 
 and its positive control from the same table: ``Control("attention", {point: t.cell(**attn), ...})``, which must
 reach ``CONTROL_LEVEL`` at every point before any claim means anything.
@@ -14,7 +16,8 @@ the validation split (a run from before the split: its best test accuracy over l
 cell says so). A **comparison** is an effect with its 95% interval and a rule fixed before running
 (``sandbox.analysis.stats``); a claim combines its comparisons with Holm's adjustment and reads "holds", "does not
 hold" or "inconclusive", the last with the seeds per cell that would decide it. Missing cells count as
-inconclusive, so a sweep part way through already shows what is settled.
+inconclusive, so a sweep part way through already shows what is settled, and so does a comparison the figure does
+not make for a reason it prints (``reason``: a side that never learned, where an equivalence would hold by default).
 """
 from __future__ import annotations
 
@@ -28,8 +31,8 @@ from sandbox.analysis import stats
 from sandbox.analysis.plot_sweep import finished, load_rows
 from sandbox.analysis.stats import FAILS, HOLDS, OPEN, Effect, Rule, greater, less, within
 
-__all__ = ["Cell", "Table", "Item", "Claim", "Control", "greater", "less", "within", "HOLDS", "FAILS", "OPEN",
-           "CONTROL_LEVEL", "FOOTNOTE"]
+__all__ = ["Cell", "Table", "Item", "Contrast", "Claim", "Control", "greater", "less", "within", "HOLDS", "FAILS",
+           "OPEN", "CONTROL_LEVEL", "FOOTNOTE"]
 
 CONTROL_LEVEL = 0.99
 
@@ -143,15 +146,18 @@ def chance_level(task: dict) -> float:
 
 @dataclass
 class Item:
+    """One comparison of a claim. ``reason``, when set, says why it is not made (e.g. a side that never learned the
+    task, where an equivalence would hold for no reason): it then counts as inconclusive, as a missing cell does."""
     name: str
     a: Cell | None
     b: Cell | float | None          # a cell, or a fixed level (chance, a ceiling)
     rule: Rule
     labels: tuple[str, str] = ("a", "b")
+    reason: str | None = None
 
     @property
     def effect(self) -> Effect | None:
-        if self.a is None or self.b is None:
+        if self.a is None or self.b is None or self.reason:
             return None
         if isinstance(self.b, Cell):
             return stats.difference(self.a.values, self.b.values)
@@ -161,6 +167,48 @@ class Item:
         cells = [c for c in (self.a, self.b) if isinstance(c, Cell) or c is None]
         return [c.sd if c is not None and c.n > 1 else math.nan for c in cells]
 
+    def columns(self) -> tuple[str, str]:
+        """The table's a and b columns."""
+        a = f"{self.labels[0]} {self.a.text()}" if self.a else f"{self.labels[0]} not run"
+        b = (f"{self.labels[1]} {self.b.text()}" if isinstance(self.b, Cell) else
+             self.labels[1] if self.b is not None else f"{self.labels[1]} not run")
+        return a, b
+
+    def bounds(self) -> tuple[float, float]:
+        """The range the effect can take (a difference of accuracies lies in [-1, 1])."""
+        return (-1.0, 1.0) if isinstance(self.b, Cell) else (-math.inf, math.inf)
+
+
+@dataclass
+class Contrast:
+    """A signed sum of cells' means as one comparison, e.g. a difference of differences: (SLA16 - GLA16) -
+    (SLA4 - GLA4) is ``terms`` [(+1, SLA16), (-1, GLA16), (-1, SLA4), (+1, GLA4)]."""
+    name: str
+    terms: list[tuple[int, Cell | None]]
+    rule: Rule
+    labels: tuple[str, ...]
+    reason: str | None = None
+
+    @property
+    def effect(self) -> Effect | None:
+        if self.reason or any(c is None for _, c in self.terms):
+            return None
+        return stats.contrast([(s, c.values) for s, c in self.terms])
+
+    def sds(self) -> list[float]:
+        return [c.sd if c is not None and c.n > 1 else math.nan for _, c in self.terms]
+
+    def columns(self) -> tuple[str, str]:
+        """The cells added (a) and the cells subtracted (b)."""
+        def side(sign):
+            return "; ".join(f"{label} {c.text() if c else 'not run'}"
+                             for (s, c), label in zip(self.terms, self.labels) if s == sign)
+        return side(1), side(-1)
+
+    def bounds(self) -> tuple[float, float]:
+        signs = [s for s, _ in self.terms]
+        return float(-signs.count(-1)), float(signs.count(1))
+
 
 @dataclass
 class Claim:
@@ -169,13 +217,18 @@ class Claim:
     name: str
     need: int | None = None
     stand_in: str | None = None
-    items: list[Item] = field(default_factory=list)
+    items: list[Item | Contrast] = field(default_factory=list)
 
-    def compare(self, name: str, a: Cell | None, b: Cell | None, rule: Rule, labels=("a", "b")) -> None:
-        self.items.append(Item(name, a, b, rule, labels))
+    def compare(self, name: str, a: Cell | None, b: Cell | None, rule: Rule, labels=("a", "b"),
+                reason: str | None = None) -> None:
+        self.items.append(Item(name, a, b, rule, labels, reason))
 
     def against(self, name: str, a: Cell | None, level: float, rule: Rule, label: str = "a") -> None:
         self.items.append(Item(name, a, level, rule, (label, f"{level:g}")))
+
+    def contrast(self, name: str, terms: list[tuple[int, Cell | None]], rule: Rule, labels: tuple[str, ...],
+                 reason: str | None = None) -> None:
+        self.items.append(Contrast(name, list(terms), rule, tuple(labels), reason))
 
     def judged(self) -> tuple[str, list[str]]:
         effects = [i.effect for i in self.items]
@@ -187,11 +240,13 @@ class Claim:
     def rule_text(self) -> str:
         m = len(self.items)
         rules = sorted({i.rule.text() for i in self.items})
-        how = (f"every one of the {m} items holds" if self.need in (None, m) else
+        every = self.need in (None, m)
+        how = ("its item holds" if m == 1 else f"every one of the {m} items holds" if every else
                f"at least {self.need} of the {m} items hold")
+        fails = "it does" if m == 1 else "any item does" if every else f"more than {m - self.need} do"
         return (f"each item's effect must satisfy {' / '.join(rules)} with its whole 95% interval"
                 + (f" (Holm over the {m} items)" if m > 1 else "") + f"; the claim holds when {how}, and does "
-                f"not hold once {'any item does' if self.need in (None, m) else f'more than {m - self.need} do'} not")
+                f"not hold once {fails} not")
 
     def markdown(self) -> str:
         verdict, outcomes = self.judged()
@@ -201,15 +256,13 @@ class Claim:
         undecided = []
         for item, outcome in zip(self.items, outcomes):
             e = item.effect
-            a = f"{item.labels[0]} {item.a.text()}" if item.a else f"{item.labels[0]} not run"
-            b = (f"{item.labels[1]} {item.b.text()}" if isinstance(item.b, Cell) else
-                 item.labels[1] if item.b is not None else f"{item.labels[1]} not run")
+            a, b = item.columns()
             if e is None:
-                lines.append(f"| {item.name} | {a} | {b} | - | - | - | not run |")
+                why = f"not compared: {item.reason}" if item.reason else "not run"
+                lines.append(f"| {item.name} | {a} | {b} | - | - | - | {why} |")
                 continue
             lo, hi = e.interval()
-            if isinstance(item.b, Cell):                 # a difference of accuracies lies in [-1, 1]
-                lo, hi = max(lo, -1.0), min(hi, 1.0)
+            lo, hi = max(lo, item.bounds()[0]), min(hi, item.bounds()[1])
             n = " / ".join(str(k) for k in e.n)
             interval = f"{e.estimate:+.3f} [{lo:+.3f}, {hi:+.3f}]" if math.isfinite(lo) else f"{e.estimate:+.3f} [one seed]"
             sup = f"{e.p_superior:.2f}" if e.p_superior is not None else "-"
@@ -230,7 +283,8 @@ class Claim:
                  "power) |", "|---|---|---|---|---|"]
         for name, rule, sds, n in self.plan(power):
             sd = " / ".join("unknown" if not s == s else f"{s:.3f}" for s in sds)
-            lines.append(f"| {name} | {rule.text()} | {rule.planned_effect():+.2f} | {sd} | "
+            rule_cell = rule.text().replace("|", "\\|")          # an equivalence's |effect| inside a table
+            lines.append(f"| {name} | {rule_cell} | {rule.planned_effect():+.2f} | {sd} | "
                          f"{n if n is not None else 'more than %d, or the expected effect cannot hold' % stats.MAX_SEEDS} |")
         return "\n".join(lines)
 
@@ -257,8 +311,14 @@ class Control:
         return all(c is not None and c.mean >= CONTROL_LEVEL for c in self.cells.values())
 
     def markdown(self) -> str:
-        state = "passes" if self.passes() else "FAILS: the claims below compare models on a recipe the control " \
-                                               "does not learn with"
+        ran = [c for c in self.cells.values() if c is not None]
+        if self.passes():
+            state = "passes"
+        elif all(c.mean >= CONTROL_LEVEL for c in ran):
+            state = (f"not run at {len(self.cells) - len(ran)} of {len(self.cells)} points: the claims below have no "
+                     "control there yet")
+        else:
+            state = "FAILS: the claims below compare models on a recipe the control does not learn with"
         cells = "; ".join(f"{p} {c.text() + f' (n {c.n})' if c else 'not run'}" for p, c in self.cells.items())
         return f"**Control: {self.name} reaches {CONTROL_LEVEL} at every point**: {state}. {cells}."
 
