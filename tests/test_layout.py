@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "sandbox"
-LAYERS = [("sandbox.tasks", "sandbox.kernels"), ("sandbox.mixers",), ("sandbox.config", "sandbox.model"),
+LAYERS = [("sandbox.tasks", "sandbox.kernels", "sandbox.recipes"), ("sandbox.mixers",), ("sandbox.config", "sandbox.model"),
           ("sandbox.train",), ("sandbox.sweep", "sandbox.analysis", "sandbox.bench"),
           ("sandbox.cli",)]
 

@@ -141,6 +141,8 @@ def _selection(row: dict) -> tuple[float | None, float | None, str]:
 def chance_level(task: dict) -> float:
     """The task's own chance level (the task contract's ``chance``) from a sweep base's ``task`` section."""
     from sandbox.tasks import make_task
+    if "name" not in task:
+        raise ValueError("sweep.yaml: base.task has no name (the task whose chance level the claims read)")
     return float(make_task(task["name"], **{k: v for k, v in task.items() if k != "name"}).chance)
 
 
