@@ -277,3 +277,20 @@ def test_an_evaluation_in_slices_of_rows_equals_one_in_whole_batches(tmp_path, m
                                                                        rel=1e-12)
     assert len({h["test/accuracy"] for r in whole for h in r["history"]}) > 1      # the scores differ somewhere
 
+
+def test_compare_trains_each_variants_seeds_as_one_stack(tmp_path):
+    """``sandbox compare``: a variant's seeds differ only in seed, so they train as one stack (each seed's result
+    says it had 3 replicas); a mixer that cannot stack trains its seeds one after another. Each variant's line says
+    where its time went."""
+    import yaml
+
+    from sandbox.analysis.compare import compare
+    (tmp_path / "task.yaml").write_text(yaml.safe_dump({**BASE, "train": {**BASE["train"], "steps": 6}}))
+    lines = []
+    res = compare("gla", "lte", seeds=3, task=str(tmp_path / "task.yaml"), out=tmp_path / "cmp", log=lines.append)
+    stacked = [json.loads(p.read_text())["replicas"] for p in sorted((tmp_path / "cmp").glob("A-*/seed*/result.json"))]
+    alone = [json.loads(p.read_text())["replicas"] for p in sorted((tmp_path / "cmp").glob("B-*/seed*/result.json"))]
+    assert stacked == [3, 3, 3] and alone == [1, 1, 1]
+    assert sum("start-up" in line and "training" in line and "evaluation" in line for line in lines) == 2
+    a, b = res["variants"]
+    assert set(a["phases"]) == {"startup", "compile", "capture", "train", "eval"} and len(b["values"]) == 3
