@@ -201,3 +201,34 @@ def test_a_sweep_timed_against_other_code_lists_each_stacks_ratio(tmp_path):
     assert "| a | 24.00 | 26.40 | 1.100 | 2.5e-03 | 1.00 | - |" in md
     assert "| b | 24.00 | b: exit 1: ValueError: no | - | - | - | - |" in md
     assert json.loads((tmp_path / "estimate.json").read_text())["gpu_minutes"] == 3.4
+
+
+def test_the_time_to_result_benchmark_writes_constants_the_compile_rule_reads(tmp_path):
+    """benchmarks/time_to_result.py turns its 2000-step runs into the rule's constants: per configuration the mean
+    steps/s of the cold and warm runs, and compile_s, the set-up compiled less uncompiled with warm caches (cold kept
+    beside it); the file it writes is what ``train.compile: auto`` reads, and the report lists the walls' ratios."""
+    import importlib.util
+    import json
+
+    from sandbox.train import compile as compiling
+    spec = importlib.util.spec_from_file_location("time_to_result", ROOT / "benchmarks" / "time_to_result.py")
+    ttr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ttr)
+    run = {"status": "completed", "phases": {"startup": 1.0, "compile": 2.0, "capture": 0.1, "train": 5.0, "eval": 1.0}}
+    done = {}
+    for name in ("zoology_attention_d64_t64", "gated_deltanet_d128_t256"):
+        key = f"train/{name}/2000"
+        done.update({f"{key}/eager/cold": {**run, "wall_s": 20.0, "setup_s": 9.0, "steps_per_sec": 100.0},
+                     f"{key}/eager/warm": {**run, "wall_s": 12.0, "setup_s": 3.0, "steps_per_sec": 110.0},
+                     f"{key}/compiled/cold": {**run, "wall_s": 40.0, "setup_s": 30.0, "steps_per_sec": 400.0},
+                     f"{key}/compiled/warm": {**run, "wall_s": 10.0, "setup_s": 7.0, "steps_per_sec": 420.0},
+                     f"{key}/ref/cold": {"wall_s": 25.0}, f"{key}/ref/warm": {"wall_s": 20.0}})
+    meta = {"gpu": "G", "torch": "t", "commit": "abc1234", "ref": "fb670ab", "date": "2026-11-27"}
+    ttr.write_rule(tmp_path, done, meta)
+    rows = json.loads((tmp_path / "compile_rule.json").read_text())["references"]
+    assert [(r["compile_cold_s"], r["compile_warm_s"], r["compile_s"]) for r in rows] == [(21.0, 4.0, 4.0)] * 2
+    refs = compiling.references(tmp_path / "compile_rule.json")
+    assert [r.name for r in refs] == ["zoology_attention_d64_t64", "gated_deltanet_d128_t256"]
+    assert refs[0].eager_ms == pytest.approx(1e3 / 105) and refs[0].compiled_ms == pytest.approx(1e3 / 410)
+    text = ttr.report(done, meta)
+    assert "| gated_deltanet_d128_t256 | 2000 |" in text and "| 25.0 |" in text
