@@ -14,7 +14,7 @@ import torch
 from sandbox.config import RunConfig, to_dict
 from sandbox.model import LanguageModel
 from sandbox.tasks import TrainBatches, make_task
-from sandbox.train import compile as compiling
+import sandbox.train.compile as compiling
 from sandbox.train.step import Step, graph_safe
 
 

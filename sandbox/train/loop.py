@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from sandbox.config import RunConfig, flatten, to_dict
-from sandbox.train import compile as compiling
+import sandbox.train.compile as compiling
 from sandbox.train.evaluation import evaluate_stack
 from sandbox.train.files import save_torch_soon, saves_done, write_json
 from sandbox.train.group import Group, stack_key, worth_regrouping

@@ -34,7 +34,7 @@ from typing import Callable
 import torch
 
 from sandbox.kernels.cross_entropy import IGNORE, cross_entropy
-from sandbox.train import compile as compiling
+import sandbox.train.compile as compiling
 from sandbox.train.adamw import StackedAdamW
 
 
