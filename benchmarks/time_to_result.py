@@ -232,7 +232,8 @@ def report(done: dict, meta: dict) -> str:
                          f"| {_ratio(w[auto, 'cold'], w['ref', 'cold'])} | {w['ref', 'warm'] or '-'} "
                          f"| {w[auto, 'warm'] or '-'} | {_ratio(w[auto, 'warm'], w['ref', 'warm'])} "
                          f"| {w['eager', 'cold'] or '-'} | {w['eager', 'warm'] or '-'} "
-                         f"| {_ratio(w[auto, 'cold'], w['eager', 'cold'])}, {_ratio(w[auto, 'warm'], w['eager', 'warm'])} |")
+                         f"| {_ratio(w[auto, 'cold'], w['eager', 'cold'])}, "
+                         f"{_ratio(w[auto, 'warm'], w['eager', 'warm'])} |")
     lines += ["", "Where each run of this code went (s): start-up, compile (first steps), capture, train, eval; "
                   "its steps/s once ready; what torch's caches gave the compilation.", "",
               "| measurement | wall | start-up | compile | capture | train | eval | steps/s | cache |",
