@@ -69,7 +69,7 @@ class TrainConfig:
     # replay forward+backward as a CUDA graph; auto = on CUDA when every mixer is graph_safe()
     cuda_graph: bool | Literal["auto"] = "auto"
     # torch.compile the forward and backward (fuses norms, residuals, SwiGLU, gate arithmetic) from the first
-    # step; auto = on CUDA when every mixer is graph_safe() (train/group.py: use_compile)
+    # step; auto = on CUDA where the run is long enough to earn the compilation back (train/compile.py: decide)
     compile: bool | Literal["auto"] = "auto"
 
 

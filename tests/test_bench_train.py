@@ -113,22 +113,15 @@ def test_an_unknown_kind_is_refused_with_the_sweeps_kinds_before_any_gpu_work(ca
     assert "--steps 60" in capsys.readouterr().err
 
 
-def test_compiling_ahead_charges_the_warm_set_up_to_stacks_the_helper_finished_in_time():
-    """Three stacks. The first starts cold (10 s of start-up, 8 s of it set-up); the helper is ready 8 + 2 s in.
-    The other two take 6 s of set-up from cold caches, 1 s from warm ones. With 100 s of training each, the
-    helper is done with them at 16 and 22 s, before they start: each starts in 8 - 6 + 1 = 3 s. With 1 s of
-    training they start at 11 and 20 s, before the helper is done with them (16, 22 s): both start cold. Two
-    helpers take one each at 10 s and are done at 16 s: the second, starting at 20 s, starts warm."""
-    from sandbox.bench.estimate import minutes_compiling_ahead
+def test_a_kinds_later_stacks_are_charged_the_set_up_from_warm_caches():
+    """Two kinds: one stack of the first (10 s of start-up, 30 s of training), three of the second (12 s of start-up,
+    9 of it set-up from cold caches, 2 from warm ones, 20 s of training). Only the second kind's later two stacks
+    start warm: 40 + 3 x 32 - 2 x (9 - 2) seconds."""
+    from sandbox.bench.estimate import minutes_with_warm_caches
 
-    def rows(train_s, setup_2=6.0):
-        first = {"stacks": 1, "start_s": 10.0, "setup_s": 8.0, "warm_setup_s": 1.0, "import_s": 2.0, "train_s": train_s,
-                 "evals_s": 0.0}
-        later = dict(first, stacks=2, setup_s=setup_2, start_s=setup_2 + 2.0)
-        return [first, later]
-    assert abs(minutes_compiling_ahead(rows(100.0), 1) * 60 - (110 + 2 * (8 - 6 + 1 + 100))) < 1e-9
-    assert abs(minutes_compiling_ahead(rows(1.0), 1) * 60 - (11 + 2 * (8 + 1))) < 1e-9
-    assert abs(minutes_compiling_ahead(rows(1.0), 2) * 60 - (11 + (8 + 1) + (8 - 6 + 1 + 1))) < 1e-9
+    first = {"stacks": 1, "start_s": 10.0, "setup_s": 8.0, "warm_setup_s": 1.0, "train_s": 30.0, "evals_s": 0.0}
+    second = {"stacks": 3, "start_s": 12.0, "setup_s": 9.0, "warm_setup_s": 2.0, "train_s": 20.0, "evals_s": 0.0}
+    assert minutes_with_warm_caches([first, second]) * 60 == pytest.approx(40 + 3 * 32 - 2 * 7)
 
 
 def test_an_estimate_from_earlier_calls_joins_their_rows_in_the_sweeps_order(tmp_path):
@@ -153,8 +146,8 @@ def test_an_estimate_from_earlier_calls_joins_their_rows_in_the_sweeps_order(tmp
     est = json.loads((tmp_path / "out" / "estimate.json").read_text())
     assert [r["kind"] for r in est["rows"]] == ["gla_d32_T32", "gla_d64_T32"] and est["gpu_minutes"] == 2.0
     assert est["kinds"] == "2 of 3" and est["torch"] == "t"
-    # one after another: a helper, ready at 9 + 3 s, is done with the second at 21 s, before it starts at 40 s
-    assert abs(est["gpu_minutes_compiling_ahead"] * 60 - (10 + 30 + (10 - 9 + 2) + 30)) < 1e-9
+    # each kind one stack, none starting warm: start-up, training and evaluations, 10 + 30 + 0 s each
+    assert est["gpu_minutes_warm_caches"] * 60 == pytest.approx(2 * 40)
     assert "Not timed: gla_d16_T32" in (tmp_path / "out" / "estimate.md").read_text()
     # a kind timed again in a later file: the later row counts (the kinds a change reaches, timed anew)
     again = [{**row, "kind": "gla_d64_T32", "gpu_minutes": 0.5}]
@@ -169,7 +162,7 @@ def test_an_estimate_counts_every_evaluation_of_the_run_also_from_rows_that_time
     within its start-up and counted no other: its start-up loses that second and the run's 12 are charged."""
     import json
 
-    from sandbox.bench.estimate import every_evaluation, minutes_compiling_ahead
+    from sandbox.bench.estimate import every_evaluation, minutes_with_warm_caches
     from sandbox.bench.train import main_train
     f = tmp_path / "s.yaml"
     f.write_text("name: s\nbase: {task: {name: mqar, seq_len: 32, num_kv_pairs: 4, vocab_size: 64}, "
@@ -188,9 +181,7 @@ def test_an_estimate_counts_every_evaluation_of_the_run_also_from_rows_that_time
     assert a == {**every_evaluation(old, {"steps": 3000, "eval_every": 250}), "gpu": "G", "steps": 150, "torch": "t"}
     assert b == {**new, "gpu": "G", "steps": 150, "torch": "t"}
     assert est["gpu_minutes"] == pytest.approx((9 + 15 + 12) / 60 + (9 + 15 + 2.7) / 60)
-    # one helper, ready at 9 + 3 s, has the second stack compiled when it starts at 36 s: 9 - 9 + 2 s of start-up
-    assert est["gpu_minutes_compiling_ahead"] == pytest.approx(minutes_compiling_ahead(est["rows"], 2))
-    assert minutes_compiling_ahead(est["rows"], 1) * 60 == pytest.approx(36 + 2 + 15 + 2.7)
+    assert est["gpu_minutes_warm_caches"] == pytest.approx(minutes_with_warm_caches(est["rows"]))
     assert "| 12.0 (12) |" in (tmp_path / "out" / "estimate.md").read_text()
 
 
@@ -210,3 +201,34 @@ def test_a_sweep_timed_against_other_code_lists_each_stacks_ratio(tmp_path):
     assert "| a | 24.00 | 26.40 | 1.100 | 2.5e-03 | 1.00 | - |" in md
     assert "| b | 24.00 | b: exit 1: ValueError: no | - | - | - | - |" in md
     assert json.loads((tmp_path / "estimate.json").read_text())["gpu_minutes"] == 3.4
+
+
+def test_the_time_to_result_benchmark_writes_constants_the_compile_rule_reads(tmp_path):
+    """benchmarks/time_to_result.py turns its 2000-step runs into the rule's constants: per configuration the mean
+    steps/s of the cold and warm runs, and compile_s, the set-up compiled less uncompiled with warm caches (cold kept
+    beside it); the file it writes is what ``train.compile: auto`` reads, and the report lists the walls' ratios."""
+    import importlib.util
+    import json
+
+    from sandbox.train import compile as compiling
+    spec = importlib.util.spec_from_file_location("time_to_result", ROOT / "benchmarks" / "time_to_result.py")
+    ttr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ttr)
+    run = {"status": "completed", "phases": {"startup": 1.0, "compile": 2.0, "capture": 0.1, "train": 5.0, "eval": 1.0}}
+    done = {}
+    for name in ("zoology_attention_d64_t64", "gated_deltanet_d128_t256"):
+        key = f"train/{name}/2000"
+        done.update({f"{key}/eager/cold": {**run, "wall_s": 20.0, "setup_s": 9.0, "steps_per_sec": 100.0},
+                     f"{key}/eager/warm": {**run, "wall_s": 12.0, "setup_s": 3.0, "steps_per_sec": 110.0},
+                     f"{key}/compiled/cold": {**run, "wall_s": 40.0, "setup_s": 30.0, "steps_per_sec": 400.0},
+                     f"{key}/compiled/warm": {**run, "wall_s": 10.0, "setup_s": 7.0, "steps_per_sec": 420.0},
+                     f"{key}/ref/cold": {"wall_s": 25.0}, f"{key}/ref/warm": {"wall_s": 20.0}})
+    meta = {"gpu": "G", "torch": "t", "commit": "abc1234", "ref": "fb670ab", "date": "2026-11-27"}
+    ttr.write_rule(tmp_path, done, meta)
+    rows = json.loads((tmp_path / "compile_rule.json").read_text())["references"]
+    assert [(r["compile_cold_s"], r["compile_warm_s"], r["compile_s"]) for r in rows] == [(21.0, 4.0, 4.0)] * 2
+    refs = compiling.references(tmp_path / "compile_rule.json")
+    assert [r.name for r in refs] == ["zoology_attention_d64_t64", "gated_deltanet_d128_t256"]
+    assert refs[0].eager_ms == pytest.approx(1e3 / 105) and refs[0].compiled_ms == pytest.approx(1e3 / 410)
+    text = ttr.report(done, meta)
+    assert "| gated_deltanet_d128_t256 | 2000 |" in text and "| 25.0 |" in text

@@ -172,17 +172,14 @@ def test_stacked_replicas_follow_solo_runs_on_the_gpu(tmp_path, model):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16, CUDA graph and Triton kernels need a GPU")
 def test_a_stack_trains_the_same_bits_from_cold_or_warm_compile_caches_on_the_gpu(tmp_path, monkeypatch):
-    """train.compile: auto compiles a stack from its first step whatever the caches hold. The same stack
-    trained from empty caches, again from the on-disk caches in a process that dropped its compilation, and
-    again reusing this process's compilation gives the same losses to the bit. (auto used to start a stack
-    whose kind was not compiled yet uncompiled, and switch later, so its losses depended on the caches.)"""
+    """A compiled stack trains the same bits whatever the caches hold: from empty caches, again from torch's on-disk
+    caches in a process that dropped its compilations, and again reusing this process's compilation."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    from sandbox.train.step import forget_compilations
 
     data = {"task": {"name": "mqar", "seq_len": 128, "num_kv_pairs": 8, "vocab_size": 8192},
             "model": {"mixer": "gla", "d_model": 64, "n_layers": 2, "n_heads": 2, "gla": {"conv_size": 4}},
-            "train": {"steps": 100, "batch_size": 64, "eval_every": 50, "log_every": 25, "early_stop": None}}
+            "train": {"steps": 100, "batch_size": 64, "eval_every": 50, "log_every": 25, "early_stop": None,
+                      "compile": True}}
 
     def stack(out):
         cfgs = [load_config(data=copy.deepcopy(data), overrides=[f"train.lr={lr}"]) for lr in (1e-3, 3e-3)]
@@ -195,16 +192,16 @@ def test_a_stack_trains_the_same_bits_from_cold_or_warm_compile_caches_on_the_gp
         return res, losses
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    forget_compilations()
+    torch.compiler.reset()
     cold, a = stack("cold")
-    forget_compilations()
+    torch.compiler.reset()
     warm, b = stack("warm")
     reused, c = stack("reused")
     assert [r["compiled_at"] for r in cold + warm + reused] == [0] * 6
-    assert [r["precompiled"] for r in cold + warm] == [False, False, True, True]
+    assert [r["compile_cache"] for r in cold + warm + reused] == ["cold"] * 2 + ["cached"] * 2 + ["reused"] * 2
     assert a == b == c and len(a[0]) == 4
-    print(f"start-up: cold caches {cold[0]['setup_s']:.1f} s, warm {warm[0]['setup_s']:.1f} s, "
-          f"reused {reused[0]['setup_s']:.1f} s")
+    print("compile phase: " + ", ".join(f"{r['compile_cache']} {r['phases']['compile']:.1f} s"
+                                        for r in (cold[0], warm[0], reused[0])))
 
 
 def test_the_device_schedule_is_the_python_one():
@@ -225,9 +222,9 @@ def test_a_shrunken_group_regroups_and_trains_on_as_before(tmp_path, monkeypatch
     groups = []
     real = group.Group.__init__
 
-    def counting(self, cfgs):
+    def counting(self, cfgs, *args):
         groups.append(len(cfgs))
-        real(self, cfgs)
+        real(self, cfgs, *args)
 
     monkeypatch.setattr(group.Group, "__init__", counting)
     cfgs = configs(lrs=(1e-3, 3e-3, 1e30), seeds=(0, 1, 0), grad_clip=0.0, warmup_frac=0.0)
@@ -279,3 +276,21 @@ def test_an_evaluation_in_slices_of_rows_equals_one_in_whole_batches(tmp_path, m
         assert [h["test/loss"] for h in a["history"]] == pytest.approx([h["test/loss"] for h in b["history"]],
                                                                        rel=1e-12)
     assert len({h["test/accuracy"] for r in whole for h in r["history"]}) > 1      # the scores differ somewhere
+
+
+def test_compare_trains_each_variants_seeds_as_one_stack(tmp_path):
+    """``sandbox compare``: a variant's seeds differ only in seed, so they train as one stack (each seed's result
+    says it had 3 replicas); a mixer that cannot stack trains its seeds one after another. Each variant's line says
+    where its time went."""
+    import yaml
+
+    from sandbox.analysis.compare import compare
+    (tmp_path / "task.yaml").write_text(yaml.safe_dump({**BASE, "train": {**BASE["train"], "steps": 6}}))
+    lines = []
+    res = compare("gla", "lte", seeds=3, task=str(tmp_path / "task.yaml"), out=tmp_path / "cmp", log=lines.append)
+    stacked = [json.loads(p.read_text())["replicas"] for p in sorted((tmp_path / "cmp").glob("A-*/seed*/result.json"))]
+    alone = [json.loads(p.read_text())["replicas"] for p in sorted((tmp_path / "cmp").glob("B-*/seed*/result.json"))]
+    assert stacked == [3, 3, 3] and alone == [1, 1, 1]
+    assert sum("start-up" in line and "training" in line and "evaluation" in line for line in lines) == 2
+    a, b = res["variants"]
+    assert set(a["phases"]) == {"startup", "compile", "capture", "train", "eval"} and len(b["values"]) == 3

@@ -89,7 +89,8 @@ def add_cli(sub) -> None:
     p.add_argument("--set-a", action="append", default=[], metavar="KEY=VALUE", help="override for A only")
     p.add_argument("--set-b", action="append", default=[], metavar="KEY=VALUE", help="override for B only")
     p.add_argument("--metric", choices=("best_accuracy", "final_accuracy"), default="best_accuracy")
-    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes; spread over GPUs)")
+    p.add_argument("--jobs", type=int, help="variants trained at once, each its seeds as one stack (default: 2 on a "
+                   "GPU, side by side; 1 on the CPU)")
     p.add_argument("--out", help="folder for the runs (default runs/compare-<time>); rerunning resumes")
     p.add_argument("--progress", action="store_true", help="show each run's progress bar")
     p.set_defaults(func=cmd_compare)

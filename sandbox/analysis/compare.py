@@ -6,6 +6,11 @@ A variant is either a run YAML file or a mixer written ``NAME[+KEY=VALUE...]`` o
 applies to both variants, ``--set-a``/``--set-b`` to one. Both variants train on the same
 seeds (base seed, +1, ...); the report gives each variant's mean and 95% t interval, the
 difference B - A with its interval, and Welch's t-test.
+
+A variant's seeds differ only in seed, so they train as one stack (``train_replicas``: one start-up, one
+compilation; one after another where a mixer cannot stack). On a GPU the two variants train side by side, B in a
+process of its own (``jobs``: 1 for one after the other); each variant's line says where its time went: start-up,
+compilation, training and evaluation.
 """
 from __future__ import annotations
 
@@ -72,31 +77,55 @@ def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9=._-]+", "_", s)[:60]
 
 
-def _worker_init(gpus) -> None:
-    if gpus is not None:                      # pin each worker process to one GPU
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpus.get())
+def _use_gpu(index: int) -> None:
+    """A variant's process: its GPU (the second variant takes the second GPU where there is one)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
 
 
-def _run_one(config: dict, out_dir: str, progress: bool) -> dict:
-    from sandbox.train import TrainingDiverged, train
+def _train_variant(configs: list[dict], dirs: list[str], progress: bool) -> tuple[list[dict], float]:
+    """Train one variant's seeds (finished directories return their results): as one stack where its mixers allow,
+    else one after another. Returns the results and the seconds it took."""
+    from sandbox.train import Unstackable, train_replicas
 
-    cfg = config_from_dict(config, out_dir)
-    res_path = Path(out_dir) / "result.json"
-    if res_path.is_file():                    # finished before: reuse, never train past an early stop
-        old = json.loads(res_path.read_text())
-        if old.get("status") in DONE and old.get("config") == to_dict(cfg):
-            return old
+    t0 = time.perf_counter()
+    cfgs = [config_from_dict(c, d) for c, d in zip(configs, dirs)]
     try:
-        return train(cfg, out_dir, progress=progress)
-    except TrainingDiverged:
-        return json.loads(res_path.read_text())
+        results = train_replicas(cfgs, dirs, progress=progress)
+    except Unstackable:
+        results = [train_replicas([c], [d], progress=progress)[0] for c, d in zip(cfgs, dirs)]
+    return results, time.perf_counter() - t0
+
+
+def _phases(results: list[dict]) -> dict:
+    """Where a variant's time went: a stack's start-up, compilation and training once (its runs share them), every
+    run's evaluations; runs trained one after another, each run's."""
+    keys = ("startup", "compile", "capture", "train", "eval")
+    got = [r.get("phases") or dict.fromkeys(keys, 0.0) for r in results]
+    stacked = all((r.get("replicas") or 1) > 1 for r in results)
+    return {k: sum(p[k] for p in got) if k == "eval" or not stacked else max(p[k] for p in got) for k in keys}
+
+
+def _train_variants(runs: list[list[tuple]], jobs: int, progress: bool) -> list[tuple[list[dict], float]]:
+    """Each variant's ``(results, seconds)``; with ``jobs`` 2, B in a process of its own while A trains here."""
+    def args(variant):
+        return [cfg for _, cfg, _ in variant], [d for _, _, d in variant]
+
+    if jobs == 1:
+        return [_train_variant(*args(v), progress) for v in runs]
+    import torch
+    gpu = 1 if torch.cuda.device_count() > 1 else 0
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=_use_gpu, initargs=(gpu,)) as pool:
+        b = pool.submit(_train_variant, *args(runs[1]), False)
+        a = _train_variant(*args(runs[0]), progress)
+        return [a, b.result()]
 
 
 def compare(a: str, b: str, seeds: int = 5, task: str = "mqar", sets=(), set_a=(), set_b=(),
-            metric: str = "best_accuracy", out=None, jobs: int = 1, progress: bool = False, log=print) -> dict:
+            metric: str = "best_accuracy", out=None, jobs: int | None = None, progress: bool = False,
+            log=print) -> dict:
     if seeds < 1:
         raise ValueError(f"seeds: must be >= 1, got {seeds}")
-    if jobs < 1:
+    if jobs is not None and jobs < 1:
         raise ValueError(f"jobs: must be >= 1, got {jobs}")
     if metric not in ("best_accuracy", "final_accuracy"):
         raise ValueError(f"metric: must be best_accuracy or final_accuracy, got {metric!r}")
@@ -104,7 +133,7 @@ def compare(a: str, b: str, seeds: int = 5, task: str = "mqar", sets=(), set_a=(
     if variants[0][0] == variants[1][0]:
         variants = [(f"A:{variants[0][0]}", variants[0][1]), (f"B:{variants[1][0]}", variants[1][1])]
     root = Path(out) if out else Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
-    runs = []                                  # (variant index, seed, config dict, out dir)
+    runs: list[list[tuple]] = [[], []]            # per variant: (seed, config dict, out dir)
     for vi, (label, data) in enumerate(variants):
         base_seed = data.get("seed", 0)
         for s in range(seeds):
@@ -112,49 +141,33 @@ def compare(a: str, b: str, seeds: int = 5, task: str = "mqar", sets=(), set_a=(
             d["seed"] = base_seed + s if isinstance(base_seed, int) else base_seed
             d.setdefault("name", f"{label} s{d['seed']}")
             cfg = config_from_dict(d, label)   # validate everything before training anything
-            runs.append((vi, d["seed"], to_dict(cfg), str(root / f"{'AB'[vi]}-{_slug(label)}" / f"seed{d['seed']}")))
-    log(f"compare: {variants[0][0]}  vs  {variants[1][0]}  ({seeds} seeds each, {len(runs)} runs, "
-        f"{jobs} at a time) -> {root}")
+            runs[vi].append((d["seed"], to_dict(cfg), str(root / f"{'AB'[vi]}-{_slug(label)}" / f"seed{d['seed']}")))
+    if jobs is None:
+        import torch
+        jobs = 2 if torch.cuda.is_available() else 1
+    together = "side by side" if jobs > 1 else "one after the other"
+    log(f"compare: {variants[0][0]}  vs  {variants[1][0]}  ({seeds} seeds each, each variant's seeds as one stack, "
+        f"the variants {together}) -> {root}")
     t0 = time.perf_counter()
-    # interleave A and B so that a partial run (interrupted) still has both variants
-    order = sorted(range(len(runs)), key=lambda i: (runs[i][1], runs[i][0]))
-    results: dict[int, dict] = {}
-    if jobs == 1:
-        for i in order:
-            vi, seed, cfg, d = runs[i]
-            results[i] = _run_one(cfg, d, progress)
-            log(f"  {variants[vi][0]} seed {seed}: {metric} {results[i].get(metric) or 0:.4f} "
-                f"({results[i]['status']}, {results[i].get('wall_time_s') or 0:.1f} s)")
-    else:
-        gpus = None
-        ctx = mp.get_context("spawn")
-        try:
-            import torch
-            n_gpu = torch.cuda.device_count()
-        except Exception:                      # noqa: BLE001 - no CUDA at all
-            n_gpu = 0
-        if n_gpu > 0:
-            gpus = ctx.Manager().Queue()
-            for w in range(jobs):
-                gpus.put(w % n_gpu)
-        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init, initargs=(gpus,)) as pool:
-            futures = {i: pool.submit(_run_one, runs[i][2], runs[i][3], False) for i in order}
-            for i in order:
-                results[i] = futures[i].result()
-                vi, seed = runs[i][0], runs[i][1]
-                log(f"  {variants[vi][0]} seed {seed}: {metric} {results[i].get(metric) or 0:.4f} "
-                    f"({results[i]['status']}, {results[i].get('wall_time_s') or 0:.1f} s)")
+    trained = _train_variants(runs, min(jobs, 2), progress)
+    for (label, _), variant, (results, seconds) in zip(variants, runs, trained):
+        p = _phases(results)
+        log(f"  {label}: {seconds:.1f} s: start-up {p['startup']:.1f} s, compilation (the first steps) "
+            f"{p['compile'] + p['capture']:.1f} s ({results[0].get('compile_cache') or 'step not compiled'}), "
+            f"training {p['train']:.1f} s, evaluation {p['eval']:.1f} s")
+        for (seed, _, _), res in zip(variant, results):
+            log(f"    seed {seed}: {metric} {res.get(metric) or 0:.4f} ({res['status']})")
     wall = time.perf_counter() - t0
     summary = {"variants": [], "metric": metric, "seeds": seeds, "wall_time_s": round(wall, 2), "out": str(root)}
     values = []
-    for vi, (label, _) in enumerate(variants):
-        mine = [results[i] for i in range(len(runs)) if runs[i][0] == vi]
+    for (label, _), (mine, seconds) in zip(variants, trained):
         vals = [float(r.get(metric) or 0.0) for r in mine]
         values.append(vals)
         m, lo, hi = mean_ci(vals)
-        train_s = sum(float(r.get("train_time_s") or 0) for r in mine)
+        phases = {k: round(v, 2) for k, v in _phases(mine).items()}
         summary["variants"].append({"label": label, "values": vals, "mean": m, "ci95": [lo, hi],
-                                    "statuses": [r["status"] for r in mine], "train_time_s": round(train_s, 2),
+                                    "statuses": [r["status"] for r in mine], "train_time_s": phases["train"],
+                                    "wall_time_s": round(seconds, 2), "phases": phases,
                                     "params": mine[0].get("params"), "state_size": mine[0].get("state_size")})
     width = max(len(v["label"]) for v in summary["variants"])
     log("")
@@ -172,7 +185,7 @@ def compare(a: str, b: str, seeds: int = 5, task: str = "mqar", sets=(), set_a=(
             f"p = {w.p:.4g}  ({verdict})")
     else:
         log("B - A: one seed per variant; use --seeds 2 or more for an interval and a test")
-    log(f"wall time {wall:.1f} s for {len(runs)} runs")
+    log(f"wall time {wall:.1f} s for {2 * seeds} runs")
     (root / "compare.json").parent.mkdir(parents=True, exist_ok=True)
     (root / "compare.json").write_text(json.dumps(summary, indent=2))
     return summary

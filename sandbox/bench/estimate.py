@@ -6,14 +6,12 @@ e.g. zero and noise tokens, are timed once), and estimates the GPU-minutes of th
 per kind, its stacks x (steps x the stack's ms per step + the start-up measured with it + its evaluations, every
 one of the run's, from three timed ones), one stack after another on one GPU with no early stop (an upper bound:
 the runner's second worker under MPS overlaps start-ups and fills what a small stack leaves). Each kind's
-set-up is timed both from cold compile caches and with warm ones, and a second figure simulates the sweep worker,
-whose helpers compile the next stacks ahead (``minutes_compiling_ahead``). The timing works the same way: the
-first kind compiles in its own process, while the runner's helper processes (``precompile.HELPERS``) compile the
-next kinds' steps, and the others are timed with warm caches, their cold set-up being the seconds their helper's
-compilation took (beside the other helper and the timed stack, as in a sweep): about 15 s a kind, not 35. A sweep
-with more kinds than one GPU call can time is timed over several: ``--time-limit SECONDS`` stops before a kind that
-would not fit, and a later call given the earlier calls' estimate.json files (``--timed JSON...``) times only the
-kinds they lack and estimates from all the rows; ``--kinds NAMES`` times only the named kinds.
+set-up is timed both from cold compile caches and with warm ones (a second group of the kind in the same process,
+its compilations dropped: what torch's on-disk caches give), and a second figure charges a kind's later stacks the
+warm set-up (``minutes_with_warm_caches``), as a sweep's workers find the first stack's compilation in the caches.
+A sweep with more kinds than fit in one sitting is timed over several: ``--time-limit SECONDS`` stops before a kind
+that would not fit, and a later call given the earlier calls' estimate.json files (``--timed JSON...``) times only
+the kinds they lack and estimates from all the rows; ``--kinds NAMES`` times only the named kinds.
 With ``--ref`` each kind's stack is also trained by the other code in the same call: its ms per stacked step,
 the speed-up and the loss gap go beside this code's (the estimate stays this code's); ``--profile`` lists each
 kind's stacked step by kernel.
@@ -126,23 +124,15 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
                 print(f"sandbox bench train: error: --timed: rows timed on {', '.join(other)}, this GPU is {gpu}: "
                       f"an estimate joins rows of one GPU", file=sys.stderr)
                 return 2
-            from sandbox.bench.step_worker import stack_configs
-            from sandbox.train import precompile
-            from sandbox.train.group import group_kind
-            from sandbox.train.step import compile_seconds
-            stacks = [stack_configs(timed_data(k, steps), k["replicas"]) for k in todo]
-            precompile.start(stacks[1:], precompile.HELPERS)      # the next kinds compile while one is timed
             t0, longest = time.monotonic(), 0.0
-            for kind, cfgs in zip(todo, stacks):
+            for kind in todo:
                 if time_limit is not None and time.monotonic() - t0 + longest > time_limit:
                     print(f"--time-limit {time_limit:.0f} s: {len(todo) - len(new)} kinds left for a later call",
                           flush=True)
                     break
                 t = time.monotonic()
-                precompile.wait(group_kind(cfgs))
-                new[kind["name"]] = time_kind(kind, steps, out, ref, profile, compile_seconds(group_kind(cfgs)))
+                new[kind["name"]] = time_kind(kind, steps, out, ref, profile)
                 longest = max(longest, time.monotonic() - t)
-            precompile.stop_all()
         elif not found:
             print("sandbox bench train: error: needs a CUDA GPU", file=sys.stderr)
             return 1
@@ -162,19 +152,15 @@ def timed_data(kind: dict, steps: int) -> dict:
     return d
 
 
-def time_kind(kind: dict, steps: int, out: Path, ref: Path | None = None, profile: bool = False,
-              compiled_s: float | None = None) -> dict:
+def time_kind(kind: dict, steps: int, out: Path, ref: Path | None = None, profile: bool = False) -> dict:
     """Train one stack of ``kind`` for ``steps`` steps from cold compile caches, set it up again with warm ones, and
     return its estimate row: ms per stacked step, start-up in parts, evaluations, and the GPU-minutes of the kind's
-    stacks (with ``ref``, the same stack by that code beside it; with ``profile``, its step by kernel).
-    ``compiled_s``: a helper compiled the stack's step already, from cold caches, in that many seconds (the
-    estimate's precompile helpers); the stack is then timed with warm caches only, and its cold start-up is that
-    compilation in place of the warm set-up."""
+    stacks (with ``ref``, the same stack by that code beside it; with ``profile``, its step by kernel)."""
     d = timed_data(kind, steps)
     trial_steps, rounds = kind["data"]["train"]["steps"], eval_rounds(kind["data"]["train"])
     timed_rounds = eval_rounds(d["train"])
     name = kind["name"]
-    res = run_one(ROOT, name, d, out / name, replicas=kind["replicas"], warm=compiled_s is None, profile=profile)
+    res = run_one(ROOT, name, d, out / name, replicas=kind["replicas"], warm=True, profile=profile)
     row = {"kind": name, "trials": kind["trials"], "stacks": kind["stacks"], "replicas": kind["replicas"]}
     if "error" in res or not res.get("steps_per_sec"):
         error = res.get("error", "no steady steps logged")
@@ -185,9 +171,6 @@ def time_kind(kind: dict, steps: int, out: Path, ref: Path | None = None, profil
     eval_s, first = res.get("eval_s") or 0.0, res.get("first_eval_s") or 0.0
     start = res["wall_s"] - steps * ms / 1e3 - eval_s
     setup, warm_setup = res.get("setup_s"), res.get("warm_setup_s")
-    if compiled_s is not None and setup is not None:
-        start, setup, warm_setup = start - setup + compiled_s, compiled_s, setup
-        row["compiled_by_helper"] = True
     row.update(ms_per_stack_step=ms, trial_steps_per_s=kind["replicas"] * 1e3 / ms, start_s=start,
                setup_s=setup, eval_s=eval_s, first_eval_s=first,
                evals_s=first + (rounds - 1) * (eval_s - first) / max(timed_rounds - 1, 1),
@@ -245,14 +228,13 @@ def _write_estimate(path: str, rows: list[dict], gpu: str, version: str, steps: 
     timed = [r for r in rows if "error" not in r]
     total = sum(r["gpu_minutes"] for r in timed)
     which = f"{len(rows)} of its {n_kinds} kinds" if len(rows) < n_kinds else "all its kinds"
-    ahead = minutes_compiling_ahead(timed) if timed and all(r.get("warm_setup_s") is not None for r in timed) \
+    warm_minutes = minutes_with_warm_caches(timed) if timed and all(r.get("warm_setup_s") is not None for r in timed) \
         else None
     lines = [f"{path} ({which}) on {gpu}: about **{total:.1f} GPU-minutes** with every stack compiling from a "
              f"cold start (stacks one after another, no early stop, timed over {steps} steps each)"]
-    if ahead is not None:
-        from sandbox.train.precompile import HELPERS
-        lines += ["", f"With {HELPERS} helper processes compiling the next stacks' steps while one trains (the sweep "
-                      f"worker's way, simulated from the times below): about **{ahead:.1f} GPU-minutes**"]
+    if warm_minutes is not None:
+        lines += ["", f"With a kind's later stacks finding its compilation in torch's caches (a sweep's way): about "
+                      f"**{warm_minutes:.1f} GPU-minutes**"]
     if missing:
         lines += ["", f"Not timed: {', '.join(missing)}"]
     lines += ["", "| kind | trials | stacks x replicas | ms / stacked step | trial-steps / s | start-up s | of it "
@@ -283,37 +265,16 @@ def _write_estimate(path: str, rows: list[dict], gpu: str, version: str, steps: 
     (out / "estimate.md").write_text(text)
     (out / "estimate.json").write_text(json.dumps({"sweep": path, "gpu": gpu, "torch": version,
                                                    "steps": steps, "kinds": f"{len(rows)} of {n_kinds}",
-                                                   "gpu_minutes": total, "gpu_minutes_compiling_ahead": ahead,
+                                                   "gpu_minutes": total, "gpu_minutes_warm_caches": warm_minutes,
                                                    "rows": rows}, indent=1))
     return 1 if any("error" in r for r in rows) or missing else 0
 
 
-def minutes_compiling_ahead(rows: list[dict], helpers: int | None = None) -> float:
-    """GPU-minutes of the timed kinds' stacks trained one after another by one worker whose ``helpers`` helper
-    processes compile the next stacks' steps meanwhile (sandbox/train/precompile.py), from each kind's measured
-    times: its training (``train_s``), its start-up from cold caches (``start_s``, of which ``setup_s`` is the
-    set-up) and its set-up with warm ones (``warm_setup_s``). The first stack starts cold; once it is ready the
-    helpers start (``import_s``), and each takes the next stack in the queue whenever it is free, compiling it in
-    its cold set-up's time. A stack whose step is compiled when it starts pays the warm set-up; one that starts
-    before pays the cold start-up (a helper that had begun on it finishes it), and one that starts before any
-    helper took it is left to itself. ``helpers``: the runner's (``precompile.HELPERS``) unless given. The
-    helpers' own GPU work (one step per stack) is left out."""
-    if helpers is None:
-        from sandbox.train.precompile import HELPERS as helpers
-    seq = [r for r in rows for _ in range(r["stacks"])]
-    t = stack_seconds(seq[0])
-    free = [seq[0]["setup_s"] + seq[0]["import_s"]] * helpers     # when each helper can take another stack
-    compiled = {}                                                  # stack -> when a helper finishes its step
-    taken = 1                                                      # stacks before this one are taken or started
-    for i, r in enumerate(seq[1:], 1):
-        taken = max(taken, i)
-        while taken < len(seq) and min(free) <= t:                # helpers free before stack i starts
-            h = free.index(min(free))
-            compiled[taken] = free[h] = free[h] + seq[taken]["setup_s"]
-            taken += 1
-        warm = compiled.get(i, float("inf")) <= t
-        t += stack_seconds(r) - (r["setup_s"] - r["warm_setup_s"] if warm else 0.0)
-    return t / 60
+def minutes_with_warm_caches(rows: list[dict]) -> float:
+    """GPU-minutes of the timed kinds' stacks one after another, each kind's first stack starting cold
+    (``start_s``) and its later ones with its set-up from warm caches (``warm_setup_s`` in place of ``setup_s``)."""
+    return sum(r["stacks"] * stack_seconds(r) - (r["stacks"] - 1) * (r["setup_s"] - r["warm_setup_s"])
+               for r in rows) / 60
 
 
 def _against_ref(row: dict) -> str:
@@ -334,5 +295,4 @@ def _start_parts(row: dict) -> str:
     the training call outside its steady steps and evaluations (the final checkpoints, logs, the result's files)."""
     if row.get("setup_s") is None:
         return "-"
-    by = " (a helper's)" if row.get("compiled_by_helper") else ""
-    return f"set-up {row['setup_s']:.0f}{by}, other {row['start_s'] - row['setup_s']:.0f}"
+    return f"set-up {row['setup_s']:.0f}, other {row['start_s'] - row['setup_s']:.0f}"

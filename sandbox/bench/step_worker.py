@@ -217,8 +217,8 @@ def main(argv=None) -> int:
     p.add_argument("--roofline", action="store_true")
     p.add_argument("--profile", action="store_true", help="GPU time per kernel of the step (this checkout only)")
     p.add_argument("--warm", action="store_true",
-                   help="then the set-up of a second group of the same kind in this process, Dynamo's cache dropped "
-                        "and the on-disk caches warm (a sweep worker's stack compiled ahead by a helper)")
+                   help="then the set-up of a second group of the same kind in this process, its compilations "
+                        "dropped and torch's on-disk caches warm (a later stack of a sweep's kind)")
     a = p.parse_args(argv)
     from sandbox.config import load_config
     data = json.loads(Path(a.config).read_text())
@@ -245,8 +245,7 @@ def main(argv=None) -> int:
            "loss": _scalars(run_dir, "train/loss"), "replicas": a.replicas, "import_s": import_s,
            "generator_ms": generator_ms(cfg, min(steps, 200))}
     if a.warm:
-        from sandbox.train.step import forget_compilations
-        forget_compilations()
+        torch.compiler.reset()
         short = json.loads(json.dumps(data))
         short["train"].update(steps=20, eval_every=20)
         warm_dir = _train(short, a.replicas, out / "warm")

@@ -179,8 +179,8 @@ def main_train(argv=None) -> int:
         data["train"].update(steps=a.steps, eval_every=a.steps, log_every=25, early_stop=None)
         for item in a.set:
             set_dotted(data, *parse_override(item))
-        # the steady step of a long run: compiled from the start (auto would decide after 50 steps, and not
-        # compile a run this short), in the reference code too where it has the key
+        # the steady step of a long run: compiled (auto weighs the run's length, and would not compile a run this
+        # short), in the reference code too where it has the key
         mine = {**data, "train": {"compile": True, **data["train"]}}
         new = run_one(ROOT, name, mine, out / name / "new", roofline=True, profile=a.profile)
         old = run_one(ref, name, mine if ref and knows_compile(ref) else data, out / name / "ref") if ref else None

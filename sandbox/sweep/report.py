@@ -294,7 +294,7 @@ def stack_rows(trials, since: float | None = None) -> list[dict]:
         rows.append({"worker": g[0].user_attrs.get("worker"), "start s": round(start - t0, 1),
                      "end s": round(end - t0, 1), "trials": len(g), "stack of": " ".join(shared),
                      "set-up s": res.get("setup_s"), "compiled from step": res.get("compiled_at"),
-                     "helper compiled": res.get("precompiled"), "steps/s": res.get("steps_per_sec")})
+                     "compile cache": res.get("compile_cache"), "steps/s": res.get("steps_per_sec")})
     return rows
 
 

@@ -6,9 +6,8 @@ With ``--stack N`` it takes up to N waiting trials whose configurations differ o
 learning rate and seed (a grid point's tuned values) and trains them as stacked replicas
 of one model: one process start, one compilation and one data pool for all of them, and
 each still its own trial, run directory, early stop and result. Trials that resume from
-checkpoints go first, stacked with those interrupted at the same step. While a group trains, helper
-processes compile the steps of the next stacks in the queue (``next_stacks``, sandbox/train/precompile.py),
-so they start compiled and pay only the tracing.
+checkpoints go first, stacked with those interrupted at the same step. A later stack of a kind compiled
+before (by this worker or another) finds its compilation in torch's caches and pays only the tracing.
 
 A group that runs out of GPU memory while other processes hold most of it is requeued and the
 worker exits with ``EXIT_MEMORY`` (the launcher then runs one worker fewer on that GPU); alone on
@@ -44,10 +43,6 @@ from sandbox.sweep.storage import DEFAULT_TIMEOUT_S, EXIT_STORAGE, StorageUnavai
 from sandbox.sweep.study import (FINAL_FAIL, HOST, heartbeat_interval, holds, load_study, objective_value,
                                  open_storage, point_values, requeue, superseded, trials_in, uses_heartbeat)
 
-
-# stacks of the queue whose steps helpers compile ahead of this worker (precompile.py): a few, since the
-# queue may change (other workers claim, trials finish early), and a helper compiles a kind in 20-30 s
-PREFETCH = 4
 
 
 class _Worker:
@@ -262,7 +257,7 @@ class _Worker:
         """Train the claimed trials (stacked when there are several) and record how each ended. Returns an exit
         code where this worker must stop, else None."""
         import torch
-        from sandbox.train import train_replicas
+        from sandbox.train import Unstackable, train_replicas
 
         group = [self._start(n, stack=numbers[0]) for n in numbers]
         beating = self._heartbeat(numbers)
@@ -275,7 +270,7 @@ class _Worker:
             self.training = True
             try:
                 results = train_replicas(configs, [self.dir / g.run_dir for g in group], progress=False,
-                                         on_eval=[g.on_eval for g in group], prefetch=self.next_stacks)
+                                         on_eval=[g.on_eval for g in group])
             finally:
                 self.training = False
                 packing.mark_training(self.dir, False)
@@ -284,13 +279,14 @@ class _Worker:
             beating.set()
             self._requeue(group, "interrupted", count=False)
             return 130
+        except Unstackable:                 # a mixer that must train alone: these trials, one by one
+            beating.set()
+            self.stack = 1
+            for g in group:
+                g.reporter.abandon()
+            return next((c for c in (self.run_group([n]) for n in numbers) if c is not None), None)
         except ValueError as e:
             beating.set()
-            if len(group) > 1 and "cannot train stacked" in str(e):      # a mixer that must train alone
-                self.stack = 1
-                for g in group:
-                    g.reporter.abandon()
-                return next((c for c in (self.run_group([n]) for n in numbers) if c is not None), None)
             return self._record(group, None, _first_line(e))
         except torch.cuda.OutOfMemoryError as e:
             beating.set()
@@ -408,22 +404,6 @@ class _Worker:
         if failure is not None and torch.cuda.is_available():
             torch.cuda.empty_cache()
         return None
-
-    def next_stacks(self, count: int = PREFETCH) -> list[list]:
-        """The first ``count`` stacks of the waiting queue, as this worker would group them (run configs): the
-        stacks whose steps a helper compiles while this worker trains (``train_replicas(prefetch=...)``)."""
-        from optuna.trial import TrialState
-
-        from sandbox.sweep.spec import build_config
-        # the whole queue, not its head: a grid point's trials lie apart when seed is the first axis (Figure 8's
-        # part 1), and a stack cut at the head's seed-0 trials is a kind (3 replicas, one seed) no worker trains
-        stacks: dict[str, list] = {}
-        for t in trials_in(self.study, (TrialState.WAITING,)):
-            key = self._stack_key(t)
-            if key is None or len(stacks.get(key, ())) >= self.stack or (key not in stacks and len(stacks) == count):
-                continue
-            stacks.setdefault(key, []).append(build_config(self.spec["base"], _values(t)))
-        return list(stacks.values())
 
     def _measure_pace(self, configs, left, results, wall: float) -> None:
         """Trial-steps per second over the group just trained, start-up included (what sizes later claims of

@@ -1,13 +1,12 @@
-"""What a stack of runs trains with, and the measured rules that shape it.
+"""What a stack of runs trains with, and the rules that shape it.
 
-``Group(cfgs)``: the device, tasks, models, the ``Step`` and the batch pools (one per seed) of runs
-that differ only in learning rate and seed (``stack_key``). ``use_cuda_graph`` / ``use_compile``
-read ``train.cuda_graph`` / ``train.compile``; ``worth_regrouping`` is the run loop's decision from
-measured times to rebuild a stack whose replicas mostly stopped.
+``Group(cfgs)``: the device, tasks, models, the ``Step`` and the batch pools (one per seed) of runs that differ only
+in learning rate and seed (``stack_key``). ``use_cuda_graph`` reads ``train.cuda_graph``, ``compile.decide``
+``train.compile``; ``worth_regrouping`` is the run loop's decision from measured times to rebuild a stack whose
+replicas mostly stopped.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import torch
@@ -15,7 +14,8 @@ import torch
 from sandbox.config import RunConfig, to_dict
 from sandbox.model import LanguageModel
 from sandbox.tasks import TrainBatches, make_task
-from sandbox.train.step import Step, cache_warm, graph_safe
+import sandbox.train.compile as compiling
+from sandbox.train.step import Step, graph_safe
 
 
 def resolve_device(name: str) -> torch.device:
@@ -52,25 +52,6 @@ def eager_mixers(model) -> str:
                              for m in model.mixers if not m.graph_safe()}))
 
 
-def use_compile(setting, device: torch.device, model) -> bool:
-    """``train.compile``: true compiles from the first step; auto = true on CUDA when every mixer is graph-safe
-    (has static shapes). Never from a later step: compiled and eager steps round differently, so a run that
-    switched at a step set by timing (when a helper's compilation was ready, whether the caches were warm) gave
-    other accuracies in a rerun of the same sweep (SSE Figure 8 run a third time, d7d7e43)."""
-    if setting == "auto":
-        return device.type == "cuda" and graph_safe(model)
-    return bool(setting)
-
-
-def group_kind(cfgs: list[RunConfig]) -> tuple:
-    """What the compiled step of a stack of ``cfgs`` depends on besides the weights: the configuration (whatever
-    train.compile says), the number of replicas, and whether they share one batch ([B, T]) or have one each
-    ([R, B, T])."""
-    tc = cfgs[0].train
-    return (stack_key(dataclasses.replace(cfgs[0], train=dataclasses.replace(tc, compile=None))), len(cfgs),
-            len({c.seed for c in cfgs}) == 1)
-
-
 def stack_key(cfg: RunConfig) -> str:
     """Runs with equal keys may train as replicas of one stacked model (they differ in lr, seed, name)."""
     d = to_dict(cfg)
@@ -79,6 +60,10 @@ def stack_key(cfg: RunConfig) -> str:
     d["train"] = {k: v for k, v in d["train"].items() if k != "lr"}
     return json.dumps(d, sort_keys=True, default=str)
 
+
+class Unstackable(ValueError):
+    """Runs that must train one at a time: a mixer of theirs is not graph-safe (its shapes change, or it waits on
+    the host), so it cannot run under vmap."""
 
 
 # A group whose replicas stopped keeps computing them (frozen, at full cost): it is rebuilt with the
@@ -95,9 +80,12 @@ def worth_regrouping(active: int, replicas: int, steps_left: int, step_s: float,
 
 
 class Group:
-    """What a run of R stacked replicas trains with: the tasks, the models, the step, the batches."""
+    """What a run of R stacked replicas trains with: the tasks, the models, the step, the batches.
 
-    def __init__(self, cfgs: list[RunConfig]):
+    ``stack``: the number of runs the rule for ``train.compile: auto`` weighs (default: these), so that a group
+    rebuilt from a stack's running replicas keeps the stack's decision."""
+
+    def __init__(self, cfgs: list[RunConfig], stack: int | None = None):
         tc = cfgs[0].train
         self.device = device = resolve_device(tc.device)
         if device.type == "cuda":   # cuDNN's conv1d weight gradient in a fixed order, so a run repeats
@@ -106,18 +94,17 @@ class Group:
         self.tasks, self.models = [b[0] for b in built], [b[1] for b in built]
         if tc.precision == "fp64":
             self.models = [m.double() for m in self.models]
-        if len(cfgs) > 1 and not graph_safe(self.models[0]):
-            raise ValueError(f"train_replicas: cannot train stacked: {eager_mixers(self.models[0])}")
+        safe = graph_safe(self.models[0])
+        if len(cfgs) > 1 and not safe:
+            raise Unstackable(f"train_replicas: cannot train stacked: {eager_mixers(self.models[0])}")
         self.bf16 = tc.precision == "bf16" or (tc.precision == "auto" and device.type == "cuda")
         self.graph = use_cuda_graph(tc.cuda_graph, device, self.models[0])
+        self.compile = compiling.decide(tc.compile, cfgs[0], stack or len(cfgs), device, safe)
         # a seed's task gives its replicas the same batches: one pool per seed
         self.seeds = [c.seed for c in cfgs]
-        kind = group_kind(cfgs)
-        self.warm = cache_warm(kind)        # a step of this kind was compiled into the on-disk caches before
-        compile = use_compile(tc.compile, device, self.models[0])
         self.step = Step(self.models, [c.train for c in cfgs], per_row=getattr(self.tasks[0], "max_targets", None),
                          autocast_dtype=torch.bfloat16 if self.bf16 else None,
-                         capture_after=2 if self.graph else None, compile=compile, kind=kind)
+                         capture_after=2 if self.graph else None, compile=self.compile)
         self.pools = {seed: TrainBatches(self.tasks[self.seeds.index(seed)], tc.batch_size, tc.steps)
                       for seed in dict.fromkeys(self.seeds)}
 
@@ -128,5 +115,3 @@ class Group:
             return got[self.seeds[0]]
         xs, ys = zip(*(got[seed] for seed in self.seeds))
         return torch.stack(xs), torch.stack(ys)
-
-

@@ -44,7 +44,9 @@ class RunResult:
     steps_per_sec: float | None = None          # its steps once its group was ready, over their seconds
     replicas: int | None = None                 # runs trained together as one stacked model
     compiled_at: int | None = None              # the step from which it ran compiled (None: eager)
-    precompiled: bool | None = None             # whether a helper had compiled its kind of step before
+    compile_cache: str | None = None            # what torch's compile caches gave its compilation (compile.py)
+    phases: dict | None = None                  # seconds per phase over its groups: startup, compile, capture,
+                                                # train, eval
     params: int | None = None
     state_size: int | None = None               # recurrent state elements (attention: its key/value cache)
     device: str | None = None

@@ -19,157 +19,23 @@ Requirements for a graph and for stacking, checked by ``graph_safe(model)``: eve
 static shapes and never waits on the host (``Mixer.graph_safe``). A replica that stops (early
 stop, pruning, a non-finite loss) is frozen by a zero learning rate; the others go on.
 
-With ``compile`` (``compile_now()``) the forward and backward go through ``torch.compile`` (the kernels
-are custom ops it treats as opaque), which fuses the norms, the residual adds, SwiGLU and the gate
-arithmetic. A process keeps what it compiled: Dynamo's guards check a step's shapes and settings, not
-which models it holds, so a later ``Step`` of a kind compiled before (``kind``: what its code depends on
-besides tensor shapes) runs that compilation at no cost (``compiled_before``).
+With ``compile`` (``compile_now()``) the forward and backward go through ``torch.compile`` (compile.py; the kernels
+are custom ops it treats as opaque), which fuses the norms, the residual adds, SwiGLU and the gate arithmetic.
+Dynamo's guards check a step's shapes and settings, not which models it holds, so a later ``Step`` of the same
+shapes in this process reuses the compilation, and one in another process loads it from torch's on-disk caches.
 """
 from __future__ import annotations
 
 import contextlib
-import copyreg
 import gc
-import hashlib
-import json
 import math
-from pathlib import Path
 from typing import Callable
 
 import torch
 
 from sandbox.kernels.cross_entropy import IGNORE, cross_entropy
+import sandbox.train.compile as compiling
 from sandbox.train.adamw import StackedAdamW
-
-
-def _memory_format(name: str) -> torch.memory_format:
-    return getattr(torch, name)
-
-
-# Inductor's and AOTAutograd's on-disk caches key a compilation by a pickle of its graph and inputs, and pickle
-# names a torch.memory_format (it has no __module__) after the first module in sys.modules through which
-# "torch.contiguous_format" resolves: torch._utils where torch was imported first, optuna.samplers._gp.sampler (a
-# lazy ``torch``) where optuna was. Two processes that imported them in another order (a sweep worker or a test
-# process, and a helper of precompile.py) then key the same step apart, and neither finds the other's compilation.
-# Pickled by name, every process keys it alike.
-copyreg.pickle(torch.memory_format, lambda f: (_memory_format, (str(f).removeprefix("torch."),)))
-
-
-# The kinds of step this process compiled since Dynamo's cache was last dropped. A sweep worker trains one
-# stack after another; one of a kind compiled before reuses that compilation (0.1 s on the CPU, against 11 s
-# that only traces with the on-disk caches warm, 20-27 s on the H200 from a cold start). Each new kind adds an
-# entry to Dynamo's cache of ``Step._losses``, and past its recompile limit Dynamo silently runs eager, so the
-# limit is raised to RECOMPILE_LIMIT and the cache dropped when that many kinds have compiled.
-RECOMPILE_LIMIT = 64
-_compiled_kinds: set = set()
-
-
-def compiled_before(kind) -> bool:
-    """Whether this process compiled a step of ``kind`` that a new one reuses without compiling."""
-    return kind is not None and kind in _compiled_kinds
-
-
-# A step compiled once (by a helper process, precompile.py, or by a stack) leaves its forward and backward in the
-# on-disk caches; a marker beside them says so, and a later stack of that kind in any process compiles from its
-# first step, since compiling then only traces (4 s on the H200, against 18-27 s from a cold start).
-def warm_marker(kind) -> Path:
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-    digest = hashlib.sha1(json.dumps(list(kind), default=str).encode()).hexdigest()[:24]
-    return Path(cache_dir()) / "sandbox-steps" / digest
-
-
-def cache_warm(kind) -> bool:
-    """Whether a step of ``kind`` was compiled into the on-disk caches (by any process) since they were made."""
-    return kind is not None and warm_marker(kind).exists()
-
-
-def mark_cache_warm(kind, seconds: float) -> None:
-    """Leave ``kind``'s marker, holding the seconds its first compilation from cold caches took (a marker already
-    there keeps its own: a later, warm compilation is not what a cold start costs)."""
-    if kind is not None and not warm_marker(kind).exists():
-        path = warm_marker(kind)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"{seconds:.3f}")
-
-
-def compile_seconds(kind) -> float | None:
-    """The seconds ``kind``'s first compilation took, as its marker holds them (None: no marker, or one from before
-    markers kept them)."""
-    try:
-        return float(warm_marker(kind).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def forget_compilations() -> None:
-    """Drop every compilation this process holds (the on-disk caches stay)."""
-    torch.compiler.reset()
-    _compiled_kinds.clear()
-
-
-# Inductor lowers a concatenation of up to 8 pointwise results as one kernel that evaluates, at every element of
-# the output, the producer of each piece, masked to the piece its column falls in, reading each input in the
-# output's order. The backward of every fused product is such a concatenation (a mixer's q, k, v, gate and
-# output-gate projections, SwiGLU's up projection): the gradients of a feature map, a gate, a short convolution
-# and a silu side by side. Lowered as a ``ConcatKernel`` instead, each piece's producer is a kernel of its own,
-# tiled for its own layout, that writes straight into its slice of the concatenation (no copy). On the H200
-# (torch 2.11, results/throughput/bench_concat.json): a stack of 9 Figure 8 GLA runs (conv 4, T320) 26.29 ->
-# 24.43 ms per step, the single Figure 8 GLA 2.004 -> 1.949 ms. torch >= 2.12 has settings for it; in 2.11 the
-# limit is a constant, and there the pointwise lowering is swapped for the ConcatKernel one while a step compiles.
-CONCAT_OPTIONS = {"max_pointwise_cat_inputs": 0, "max_complex_pointwise_cat_inputs": 0}
-
-
-# Inductor times a reduction kernel's candidate configs (its block size along the reduced dimension, its warps)
-# on the GPU the first time the kernel runs and keeps the fastest; those differ in the order they add, so two
-# processes that compile the same step from empty caches could pick differently and train different bits (on
-# the H200, three such processes ended a GLA d128 run's 400 steps at test losses 8.3372 to 8.3403; all three
-# 8.339338 with this; results/throughput/). Inductor's deterministic mode (in torch 2.11 and 2.13) picks those by
-# a fixed rule instead and times only what does not change the sums.
-DETERMINISM = {"deterministic": True}
-
-# A LayerNorm's backward reduces along rows (the input's gradient) and along columns (the weight's and bias's).
-# Inductor's mixed-order reduction does both in one kernel that writes per-block column sums to a workspace,
-# then sums that workspace with an eager ``sum`` per parameter: 8 reduce launches of about 7 us each in the
-# Figure 8 step (0.063 ms of 1.72), each adding up a 1536 x 128 float32 block. Off, the column sums are kernels
-# Inductor fuses with their neighbours.
-REDUCTIONS = {"triton.mix_order_reduction": False}
-
-# Programmatic dependent launch (Hopper and later; Inductor generates none elsewhere): each Inductor kernel of
-# the step and of the optimizer's update is launched while the kernel before it still runs, and waits
-# (``griddepcontrol.wait``) only before it touches what that one wrote, so its start overlaps the other's tail.
-# It pays where kernels are short and launches dominate: on the H200 the Figure 8 step went from 1.490 to 1.424
-# ms (1.05x), attention d64 1.02x, Gated DeltaNet 0.99x, the same bits in all three. A stack's kernels are long,
-# and there the early programs only sit on SMs the running kernel could use: stacks of 9 GLA top-8 0.972x and
-# GSA top-16 0.982x, stacks of 3 GLA d64 1.007x and GSA d64 0.992x (results/throughput/bench_pdl.json). So a
-# single run's step launches early and a stack's does not. A CUDA graph keeps the attribute as a programmatic edge.
-LAUNCH = {"triton.enable_pdl": True}
-
-
-def compile_options(replicas: int = 1) -> dict:
-    """``torch.compile`` options of the step of ``replicas`` stacked runs: the concatenations as ConcatKernels,
-    where torch has the setting (``max_pointwise_cat_inputs`` alone, in 2.11, only keys the on-disk caches apart
-    from the code before), reductions compiled the same way in every process, a LayerNorm's column sums without
-    an eager finish, and, for a single run, each kernel launched before the one ahead of it ends."""
-    from torch._inductor import config
-    known = config.get_config_copy()            # every setting of this torch, nested ones by dotted name
-    launch = LAUNCH if replicas == 1 else {}
-    return {k: v for k, v in {**CONCAT_OPTIONS, **DETERMINISM, **REDUCTIONS, **launch}.items() if k in known}
-
-
-@contextlib.contextmanager
-def concat_kernels():
-    """While a step compiles under torch 2.11: every concatenation Inductor would lower pointwise becomes a
-    ConcatKernel (a no-op where ``compile_options`` has the setting)."""
-    from torch._inductor import config, ir, lowering
-    if hasattr(config, "max_complex_pointwise_cat_inputs"):
-        yield
-        return
-    pointwise = lowering.pointwise_cat
-    lowering.pointwise_cat = lambda inputs, dim=0: ir.TensorBox(ir.ConcatKernel.create(inputs, dim))
-    try:
-        yield
-    finally:
-        lowering.pointwise_cat = pointwise
 
 
 def graph_safe(model) -> bool:
@@ -218,8 +84,8 @@ class Step:
     """
 
     def __init__(self, models: list, train_cfgs: list, *, per_row: int | None, autocast_dtype=None,
-                 capture_after: int | None = None, compile: bool = False, kind=None):
-        self.models, self.R, self.kind = models, len(models), kind
+                 capture_after: int | None = None, compile: bool = False):
+        self.models, self.R = models, len(models)
         tc = train_cfgs[0]
         self.steps, self.warmup_frac = tc.steps, tc.warmup_frac
         self.per_row, self.autocast_dtype = per_row, autocast_dtype
@@ -245,20 +111,22 @@ class Step:
             self.compile_now()
 
     def compile_now(self) -> None:
-        """Go on with the forward and backward compiled: the next steps compile it (or reuse the compilation
-        of a step of the same kind) and capture anew."""
-        if not compiled_before(self.kind):
-            if len(_compiled_kinds) >= RECOMPILE_LIMIT or self.kind is None:
-                forget_compilations()       # a step of no kind: nothing to reuse, and no count of the entries
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-            torch._dynamo.config.accumulated_recompile_limit = max(
-                torch._dynamo.config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
-            if self.kind is not None:
-                _compiled_kinds.add(self.kind)
-        options = compile_options(self.R)
-        self.forward, self.compiled = torch.compile(self._losses, dynamic=False, options=options), True
-        self.optimizer.compile(options)
+        """Go on with the forward and backward compiled: the next step compiles them (or reuses a compilation of
+        the same shapes) and a graph is captured anew."""
+        self.forward, self.compiled = compiling.compiled(self._losses, self.R), True
+        self.optimizer.compile(compiling.options(self.R))
         self.graph, self.calls = None, 0
+
+    @property
+    def ready(self) -> bool:
+        """Whether the next call is a steady step: replayed from the graph, or eager after the first."""
+        return self.graph is not None if self.capture_after is not None else self.calls > 0
+
+    @property
+    def next_phase(self) -> str:
+        """What the next call does before it is ready: "compile" (the first steps: compiling the step, or the
+        kernels' first launches, and the warm-up before a capture) or "capture" (the CUDA graph)."""
+        return "capture" if self.capture_after is not None and self.calls >= self.capture_after else "compile"
 
     # -- state that lives outside the graph ------------------------------------------------------
     def start_at(self, step: int) -> None:
@@ -312,8 +180,8 @@ class Step:
 
     # The forward's settings (mixed precision; for stacked replicas, the attention kernels) are entered around
     # the compiled function, not inside it: traced there, either keeps the compilation out of AOTAutograd's
-    # cache, and then every stack of a sweep compiles from scratch even where one of the same shapes has
-    # compiled before (measured on the CPU: 17 s on a warm cache with them inside).
+    # cache, and then every process compiles the step from scratch even where one of the same shapes has
+    # compiled before.
     def autocast(self):
         """Mixed precision for the step, and for evaluations (which stay eager: with a graph, casts are not
         cached, since a replay would reuse them)."""
@@ -329,7 +197,7 @@ class Step:
         return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
     def _step(self, x, y) -> None:
-        with concat_kernels() if self.compiled else contextlib.nullcontext():  # compiles forward, then backward
+        with compiling.concat_kernels() if self.compiled else contextlib.nullcontext():  # compiles fwd, then bwd
             with self.attention_backends(), self.autocast():
                 total, loss = self.forward(x, y)
             # the whole gradient as one [R, P] tensor (the backward of the split in ``weights()``)
