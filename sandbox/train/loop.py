@@ -98,11 +98,12 @@ class _Run:
                                     "state": copy.deepcopy(self.state), "config": self.config})
 
     def result(self, replicas: int = 1) -> dict:
-        from sandbox.train.record import RunResult, provenance
+        from sandbox.train.record import RunResult, provenance, val_choice
         s = self.state
         return RunResult(
             status=self.status, error=self.error, config=self.config,
             final_accuracy=s["accuracy"], best_accuracy=s["best_accuracy"], best_step=s["best_step"], steps=s["step"],
+            **val_choice(s["history"]),
             wall_time_s=round(time.perf_counter() - self.t_start, 3), train_time_s=round(s["train_time"], 3),
             steps_per_sec=round(s["trained_steps"] / s["trained_time"], 2) if s.get("trained_time") else None,
             setup_s=round(self.setup_s, 3), eval_s=round(self.eval_s, 3),
