@@ -62,7 +62,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_every: int = 200
     eval_batch_size: int = 512
-    early_stop: float | None = 0.99           # stop once test accuracy reaches this; null = never
+    early_stop: float | None = 0.99           # stop once validation accuracy reaches this; null = never
     log_every: int = 25
     device: str = "auto"                      # auto | cpu | cuda | cuda:N
     precision: Literal["auto", "fp32", "bf16", "fp64"] = "auto"   # auto = bf16 autocast on CUDA; fp64: references

@@ -108,7 +108,7 @@ def test_the_checker_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
 # ---- the figures: one folder each, and a library that names none ------------------------------------------
 
 FIGURES = ROOT.parent / "figures"
-FIGURE_NAMES = ("sse_fig8", "zoology_fig2", "sla_heads", "sse_ablations", "sse_state_scaling")
+FIGURE_NAMES = ("sse_fig8", "zoology_fig2", "sla_heads", "sse_ablations", "sse_state_scaling", "lalte_hybrid")
 
 
 def figure_folders() -> list[Path]:
@@ -118,8 +118,8 @@ def figure_folders() -> list[Path]:
 def test_every_figure_folder_has_a_readme_sweep_files_and_verdict_code_that_loads():
     from sandbox.analysis.verdicts import _load
     from sandbox.sweep.spec import load_sweep
-    assert [p.name for p in figure_folders()] == ["sla_heads", "sse_ablations", "sse_fig8_topk", "sse_state_scaling",
-                                                  "zoology_fig2"]
+    assert [p.name for p in figure_folders()] == ["lalte_hybrid", "sla_heads", "sse_ablations", "sse_fig8_topk",
+                                                  "sse_state_scaling", "zoology_fig2"]
     for folder in figure_folders():
         assert (folder / "README.md").is_file(), folder
         sweeps = sorted(folder.glob("*.yaml"))

@@ -10,36 +10,39 @@ from sandbox.mixers.lte import LearnableTokenEviction, use_cache
 from sandbox.train import evaluate
 
 
-def evaluate_with_cache(model, task, batch_size: int = 64) -> dict:
-    """Test accuracy/loss of ``model`` on ``task`` (any seq_len: the model has no learned
+def evaluate_with_cache(model, task, batch_size: int = 64, splits=("val", "test")) -> dict:
+    """Accuracy/loss of ``model`` on ``task``'s held-out ``splits`` (any seq_len: the model has no learned
     positions by default) with every LTE layer decoding through its capped cache."""
     was_training = model.training
     with use_cache(model):
-        metrics = evaluate(model, task, batch_size, nullcontext)    # (evaluate ends in train mode)
+        metrics = evaluate(model, task, batch_size, nullcontext, splits)    # (evaluate ends in train mode)
     model.train(was_training)
     return metrics
 
 
-def cmd_lte_eval(args) -> int:
-    """``sandbox lte-eval RUN_DIR [--set task.seq_len=8192]``: accuracy with the training mask
-    (uncapped retention) and through the capped cache, plus retention per head of each LTE layer."""
+def score_run(run_dir, device="auto", batch_size: int = 64, overrides=()) -> dict:
+    """A trained LTE run scored twice on its test split, from its checkpoint (its final state): with the
+    training mask (every token scoring r > 0.5 kept, no cap) and through the capped cache. Returns
+    ``seq_len``, ``mask`` and ``capped`` (test accuracy), and per LTE layer its ``cap``, ``window``, ``sinks``,
+    ``kept`` (out-of-window tokens the mask keeps per head at the last position, mean over one test batch) and
+    ``held`` (the cache's out-of-window entries per head there). ``overrides``: ``task.KEY=VALUE`` changes."""
     from pathlib import Path
 
     from sandbox.config import config_from_dict, parse_override, set_dotted
     from sandbox.tasks import make_task
     from sandbox.train import build, resolve_device
 
-    ckpt_path = Path(args.run_dir) / "checkpoint.pt"
+    ckpt_path = Path(run_dir) / "checkpoint.pt"
     if not ckpt_path.is_file():
-        raise ValueError(f"run_dir: {args.run_dir} has no checkpoint.pt")
-    device = resolve_device(args.device)
+        raise ValueError(f"run_dir: {run_dir} has no checkpoint.pt")
+    device = resolve_device(device)
     ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
     cfg = config_from_dict(ckpt["config"], str(ckpt_path))
     _, model = build(cfg, device)
     model.load_state_dict(ckpt["model"])
     raw = dict(ckpt["config"])
     raw["task"] = dict(raw["task"])
-    for item in args.set:
+    for item in overrides:
         key, value = parse_override(item)
         if not key.startswith("task."):
             raise ValueError(f"--set: only task.* keys can change at evaluation, got {key}")
@@ -47,25 +50,36 @@ def cmd_lte_eval(args) -> int:
     task = make_task(config_from_dict(raw, "--set").task.params, seed=cfg.seed, device=device)
     layers = [m for m in model.modules() if isinstance(m, LearnableTokenEviction)]
     if not layers:
-        raise ValueError(f"run_dir: {args.run_dir} has no lte layer")
+        raise ValueError(f"run_dir: {run_dir} has no lte layer")
     model.eval()
-    masked = evaluate(model, task, args.batch_size, nullcontext)
-    x, _ = next(iter(task.test_batches(args.batch_size)))
+    masked = evaluate(model, task, batch_size, nullcontext, splits=("test",))
+    x, _ = next(iter(task.test_batches(batch_size)))
     for m in layers:
         m.capture = {}
     model.eval()
     with torch.no_grad():
         model(x)
     kept = [m.capture["retained_count"].tolist() for m in layers]
-    capped = evaluate_with_cache(model, task, args.batch_size)
+    capped = evaluate_with_cache(model, task, batch_size, splits=("test",))
     with use_cache(model), torch.no_grad():
         model(x)
-    occupancy = [m.capture["retained_count"].tolist() for m in layers]
-    print(f"seq_len {task.seq_len}: accuracy {masked['test/accuracy']:.4f} with the training mask, "
-          f"{capped['test/accuracy']:.4f} through the capped cache")
-    for i, (a, b) in enumerate(zip(kept, occupancy)):
-        print(f"lte layer {i}: kept per head (uncapped) {[round(v, 1) for v in a]}; "
-              f"cache occupancy {[round(v, 1) for v in b]} (cap {layers[i].cfg.cap})")
+    held = [m.capture["retained_count"].tolist() for m in layers]
+    for m in layers:
+        m.capture = None
+    return {"seq_len": task.seq_len, "mask": masked["test/accuracy"], "capped": capped["test/accuracy"],
+            "layers": [{"cap": m.cfg.cap, "window": m.cfg.window, "sinks": m.cfg.sinks, "kept": k, "held": h}
+                       for m, k, h in zip(layers, kept, held)]}
+
+
+def cmd_lte_eval(args) -> int:
+    """``sandbox lte-eval RUN_DIR [--set task.seq_len=8192]``: accuracy with the training mask
+    (uncapped retention) and through the capped cache, plus retention per head of each LTE layer."""
+    res = score_run(args.run_dir, args.device, args.batch_size, args.set)
+    print(f"seq_len {res['seq_len']}: accuracy {res['mask']:.4f} with the training mask, "
+          f"{res['capped']:.4f} through the capped cache")
+    for i, layer in enumerate(res["layers"]):
+        print(f"lte layer {i}: kept per head (uncapped) {[round(v, 1) for v in layer['kept']]}; "
+              f"cache occupancy {[round(v, 1) for v in layer['held']]} (cap {layer['cap']})")
     return 0
 
 

@@ -77,8 +77,9 @@ _NOT_COST = ("seed", "name", "train.lr")    # with the task's content: what a ki
 def config_words(d: dict) -> list[str]:
     """A run config (``to_dict`` form) in a few words: mixer, width, length and the mixer's shaping options."""
     m = d["model"]
-    extra = m.get(m["mixer"]) if isinstance(m.get(m["mixer"]), dict) else {}
-    return [m["mixer"], f"d{m['d_model']}", f"T{d['task'].get('seq_len')}"] + \
+    names = [m["mixer"]] if isinstance(m["mixer"], str) else list(dict.fromkeys(m["mixer"]))    # a layer pattern
+    extra = {k: v for n in names if isinstance(m.get(n), dict) for k, v in m[n].items()}
+    return ["+".join(names), f"d{m['d_model']}", f"T{d['task'].get('seq_len')}"] + \
         [f"{k}{extra[k]}" for k in ("topk", "conv_size", "n", "k", "num_slots") if extra.get(k)]
 
 

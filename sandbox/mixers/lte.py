@@ -35,6 +35,10 @@ head at the last position; the mean (not the paper's sum) over tokens keeps the 
 scale independent of T. lambda, c_ema and the step counter are buffers updated on the device
 inside ``forward`` when training (no host sync); they are saved with the checkpoint.
 
+``scorer: mlp`` is the paper's LTE-MLP ablation (§4.2): the CNN replaced by a per-head 2-layer MLP on the token's
+own ``k_pre_rope || v`` (kernel-1 grouped convolutions, 2*dh -> dh -> 1), which sees no neighbour, past or future.
+The cache scores it at the same step as the CNN (its score needs no look-ahead, so waiting changes nothing).
+
 ``dense_steps`` (not in the paper; 0 by default) keeps every token for the first training steps
 while the scores already learn through eq. 6 and the lambda loop already runs: at init the
 value-gate gradient tends to push all scores down before attention has learned to read far
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +78,7 @@ class LTEConfig(SWAConfig):
     lambda_alpha: float = 1.5  # multiplicative step of lambda (the released config: 1.5 up)
     lambda_every: int = 32  # u: update lambda every u training steps
     dense_steps: int = 0  # keep every token for the first N training steps (scores still learn); 0 = paper
+    scorer: Literal["cnn", "mlp"] = "cnn"  # mlp: the LTE-MLP ablation, no context (module docstring)
 
     def __post_init__(self):
         super().__post_init__()
@@ -90,18 +96,21 @@ class LTEConfig(SWAConfig):
             raise ValueError(f"lambda_every: must be >= 1, got {self.lambda_every}")
         if self.dense_steps < 0:
             raise ValueError(f"dense_steps: must be >= 0, got {self.dense_steps}")
+        if self.scorer not in ("cnn", "mlp"):
+            raise ValueError(f"scorer: must be cnn or mlp, got {self.scorer!r}")
 
 
 class RetentionCNN(nn.Module):
-    """Per-head grouped CNN: ``[b, t, h, 2*dh]`` -> retention logits ``[b, t, h]``."""
+    """Per-head grouped CNN: ``[b, t, h, 2*dh]`` -> retention logits ``[b, t, h]``. With ``kernel=1, layers=1``
+    it is the LTE-MLP ablation's per-token 2-layer MLP (one hidden layer, then the head)."""
 
-    def __init__(self, n_heads: int, head_dim: int, dropout: float):
+    def __init__(self, n_heads: int, head_dim: int, dropout: float, kernel: int = KERNEL, layers: int = LAYERS):
         super().__init__()
         if head_dim < 4:
             raise ValueError(f"n_heads: lte needs a head dim >= 4 (channels halve three times), got {head_dim}")
-        widths = [2 * head_dim, head_dim, head_dim // 2, head_dim // 4]
+        widths = [2 * head_dim, head_dim, head_dim // 2, head_dim // 4][:layers + 1]
         self.convs = nn.ModuleList(
-            nn.Conv1d(n_heads * a, n_heads * b, KERNEL, dilation=DILATION, padding=DILATION * (KERNEL - 1) // 2,
+            nn.Conv1d(n_heads * a, n_heads * b, kernel, dilation=DILATION, padding=DILATION * (kernel - 1) // 2,
                       groups=n_heads) for a, b in zip(widths[:-1], widths[1:]))
         self.head = nn.Conv1d(n_heads * widths[-1], n_heads, 1, groups=n_heads)
         self.dropout = nn.Dropout(dropout)
@@ -135,7 +144,8 @@ def value_gate(v: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
 class LearnableTokenEviction(HeadAttention):
     def __init__(self, ctx: MixerContext, cfg: LTEConfig):
         super().__init__(ctx, cfg)
-        self.cnn = RetentionCNN(self.n_heads, self.head_dim, cfg.dropout)
+        shape = {"cnn": {}, "mlp": {"kernel": 1, "layers": 1}}[cfg.scorer]
+        self.cnn = RetentionCNN(self.n_heads, self.head_dim, cfg.dropout, **shape)
         h = self.n_heads
         self.register_buffer("lam", torch.full((h,), cfg.lambda_init, dtype=torch.float32))
         self.register_buffer("count_ema", torch.zeros(h, dtype=torch.float32))

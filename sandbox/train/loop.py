@@ -96,13 +96,12 @@ class _Run:
                                     "state": copy.deepcopy(self.state), "config": self.config})
 
     def result(self, replicas: int = 1) -> dict:
-        from sandbox.train.record import RunResult, provenance
+        from sandbox.train.record import RunResult, provenance, val_choice
         s = self.state
         return RunResult(
             status=self.status, error=self.error, config=self.config,
-            final_accuracy=s["accuracy"], best_accuracy=s["best_accuracy"], best_step=s["best_step"],
-            val_accuracy=s.get("val_accuracy"), best_val_accuracy=s.get("best_val_accuracy"),
-            best_val_step=s.get("best_val_step"), test_at_best_val=s.get("test_at_best_val"), steps=s["step"],
+            final_accuracy=s["accuracy"], best_accuracy=s["best_accuracy"], best_step=s["best_step"], steps=s["step"],
+            **val_choice(s["history"]),
             wall_time_s=round(time.perf_counter() - self.t_start, 3), train_time_s=round(s["train_time"], 3),
             steps_per_sec=round(s["trained_steps"] / s["trained_time"], 2) if s.get("trained_time") else None,
             setup_s=round(self.setup_s, 3), eval_s=round(self.eval_s, 3),
@@ -374,7 +373,9 @@ class _Stack:
                 self.callbacks[r](s, metrics)
         except StopTraining as e:
             return self.stop(r, "stopped", str(e) or "stopped by callback")
-        if self.tc.early_stop is not None and acc >= self.tc.early_stop and s < self.tc.steps:
+        # validation decides when to stop (test is read, never used to choose)
+        chooser = metrics.get("val/accuracy", acc)
+        if self.tc.early_stop is not None and chooser >= self.tc.early_stop and s < self.tc.steps:
             self.stop(r, "early_stopped")
 
     # -- ends --------------------------------------------------------------------------------------------------

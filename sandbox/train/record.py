@@ -73,6 +73,17 @@ FIELDS = tuple(f.name for f in dataclasses.fields(RunResult))
 SUMMARY_FIELDS = tuple(f for f in FIELDS if f not in ("config", "history"))
 
 
+def val_choice(history: list[dict]) -> dict:
+    """The validation fields of a result from its evaluations: the last val accuracy, the best one and its step
+    (the earliest of equals), and the test accuracy at that step; empty for a run without a val split."""
+    evals = [h for h in history if h.get("val/accuracy") is not None]
+    if not evals:
+        return {}
+    best = max(evals, key=lambda h: h["val/accuracy"])          # max keeps the first of equals
+    return {"val_accuracy": evals[-1]["val/accuracy"], "best_val_accuracy": best["val/accuracy"],
+            "best_val_step": best["step"], "test_at_best_val": best.get("test/accuracy")}
+
+
 def provenance(device) -> dict[str, Any]:
     """commit, torch, triton and gpu of this process, for a run on ``device``."""
     import torch

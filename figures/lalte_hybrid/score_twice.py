@@ -1,0 +1,92 @@
+"""Score every LTE row of a finished lalte_hybrid sweep twice and write ``SWEEP_DIR/lte_eval.csv``.
+
+    python figures/lalte_hybrid/score_twice.py SWEEP_DIR [--device cuda] [--batch-size 256]
+
+For each row with an lte layer, each distance G and each seed, the run the verdict reads (the learning rate with the
+best val accuracy) is loaded from its checkpoint, its final state, and scored on the test split with the training
+mask (every token scoring r > 0.5 kept, no cap) and through the capped decode cache (``sandbox lte-eval``'s
+``score_run``). One CSV row per run: the sweep's own test accuracy (at the step chosen on val), the checkpoint's
+accuracy with the mask and through the cache, and the KV entries each head holds at the last position.
+``verdict.py`` reads the file for claims 4 and 6; ``picture.py`` draws it.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import sys
+from pathlib import Path
+
+from sandbox.analysis.lte_eval import score_run
+from sandbox.analysis.verdicts.claims import Table
+
+HERE = Path(__file__).resolve().parent
+FIELDS = ("row", "G", "seed", "train.lr", "run_dir", "sweep_test_accuracy", "selected_on", "mask_accuracy",
+          "capped_accuracy",
+          "kept_uncapped", "kept_uncapped_max", "cache_out_of_window", "cache_out_of_window_max", "kv_per_head",
+          "held_per_head")
+
+
+def figure():
+    """This folder's verdict.py (the rows, the geometry, the CSV's name), loaded by path."""
+    spec = importlib.util.spec_from_file_location("lalte_hybrid_verdict", HERE / "verdict.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def score(sweep_dir, device: str = "auto", batch_size: int = 256, log=print) -> Path:
+    """Writes and returns ``sweep_dir/lte_eval.csv``."""
+    fig, t = figure(), Table(sweep_dir)
+    _, pairs, gaps = fig.geometry(t)
+    out = []
+    for row in fig.lte_rows(pairs):
+        for g in gaps.values():
+            chosen = t.best_rows(**fig.rows(pairs)[row], **{"task.distance": g})
+            for seed, r in sorted(chosen.items()):
+                run = Path(r["sweep_dir"]) / r["run_dir"]
+                res = score_run(run, device, batch_size)
+                out.append(_csv_row(row, g, seed, r, run, res))
+                log(f"{row}, G {g}, seed {seed}: mask {res['mask']:.4f}, capped {res['capped']:.4f} ({run})")
+    path = Path(sweep_dir) / fig.SCORES
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, FIELDS)
+        w.writeheader()
+        w.writerows(out)
+    return path
+
+
+def _csv_row(row: str, g: int, seed: int, r: dict, run: Path, res: dict) -> dict:
+    layers = res["layers"]
+    kept = [v for layer in layers for v in layer["kept"]]
+    held = [v for layer in layers for v in layer["held"]]
+    # what a head holds at the last position: its window, its sinks and its out-of-window entries
+    kv = [min(layer["window"], res["seq_len"]) + layer["sinks"] + v for layer in layers for v in layer["held"]]
+    on_val = r.get("test_at_best_val") not in (None, "")        # runs from before the val split: best test accuracy
+    return {"row": row, "G": g, "seed": seed, "train.lr": r.get("train.lr"), "run_dir": str(run),
+            "sweep_test_accuracy": r["test_at_best_val"] if on_val else r.get("best_accuracy"),
+            "selected_on": "val" if on_val else "test", "mask_accuracy": round(res["mask"], 6),
+            "capped_accuracy": round(res["capped"], 6), "kept_uncapped": round(sum(kept) / len(kept), 2),
+            "kept_uncapped_max": round(max(kept), 2), "cache_out_of_window": round(sum(held) / len(held), 2),
+            "cache_out_of_window_max": round(max(held), 2), "kv_per_head": round(sum(kv) / len(kv), 2),
+            "held_per_head": "; ".join(f"layer {i}: {[round(v, 1) for v in layer['held']]} of {layer['cap']}"
+                                       for i, layer in enumerate(layers))}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("sweep_dir")
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda")
+    p.add_argument("--batch-size", type=int, default=256)
+    args = p.parse_args(argv)
+    try:
+        path = score(args.sweep_dir, args.device, args.batch_size)
+    except ValueError as e:
+        print(f"score_twice: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
