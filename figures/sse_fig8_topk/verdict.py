@@ -20,8 +20,9 @@ def _cell(t: Table, mixer: str, setting: dict, d: int, topk: bool) -> Cell | Non
 
 
 def control(t: Table) -> Control:
-    return Control("attention, d_model 128", {label: t.cell(**{"model.mixer": "attention", "model.d_model": 128,
-                                                               **setting}) for label, setting in SETTINGS})
+    return Control("attention with learned positions, d_model 128",
+                   {label: t.cell(**{"model.mixer": "attention", "model.positions": "learned", "model.d_model": 128,
+                                     **setting}) for label, setting in SETTINGS})
 
 
 def top_k_improves_recall(t: Table) -> Claim:

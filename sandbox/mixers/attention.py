@@ -25,6 +25,16 @@ def causal_window_mask(seq_len: int, window: int | None, device) -> torch.Tensor
     return (j <= i) & (i - j < window)
 
 
+def _attention_with_dropout(q, k, v, mask, p: float) -> torch.Tensor:
+    """Softmax attention with dropout on its weights, written out: SDPA's fused kernels with dropout reject the
+    batched tensors of stacked replicas (vmap) on CUDA, and one path keeps a run alone and in a stack alike."""
+    t = q.shape[-2]
+    allowed = mask if mask is not None else torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    weights = F.dropout(scores.masked_fill(~allowed, float("-inf")).softmax(-1), p)
+    return weights @ v
+
+
 @register("attention", AttentionConfig)
 class Attention(Mixer):
     def __init__(self, ctx: MixerContext, cfg: AttentionConfig):
@@ -42,11 +52,12 @@ class Attention(Mixer):
         self.record("keys", k.transpose(1, 2))
         self.record("values", v.transpose(1, 2))
         mask = causal_window_mask(t, self.cfg.window, x.device)
-        p = self.ctx.dropout if self.training else 0.0
-        if mask is None:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        if self.training and self.ctx.dropout:
+            o = _attention_with_dropout(q, k, v, mask, self.ctx.dropout)
+        elif mask is None:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.out(o.transpose(1, 2).reshape(b, t, d))
 
     def graph_safe(self) -> bool:
