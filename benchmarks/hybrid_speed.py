@@ -36,7 +36,8 @@ import torch
 from sandbox.config import load_config
 from sandbox.tasks import TrainBatches
 from sandbox.train import build
-from sandbox.train.step import Step, forget_compilations
+import torch.compiler
+from sandbox.train.step import Step
 
 ROOT = Path(__file__).resolve().parents[1]
 WARMUP = 6            # compile, two eager steps on the capture stream, the capture, replays
@@ -79,7 +80,7 @@ def measure(row: str, path: str, steps: int, device: torch.device, overrides: li
     tc = cfgs[0].train
     if hasattr(swa, "FLEX"):          # code from before FlexAttention has no switch
         swa.FLEX = path == "flex"
-    forget_compilations()
+    torch.compiler.reset()      # drop this process's compilations (the on-disk caches stay)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     fast = path != "eager" and device.type == "cuda"       # on the CPU every path runs eagerly (a smoke test)
