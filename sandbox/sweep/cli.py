@@ -61,7 +61,8 @@ def add_cli(sub) -> None:
     s = sub.add_parser("sweep", help="run a sweep YAML on Optuna (or: sweep status DIR)",
                        description="Run every point of a sweep YAML as Optuna trials in worker processes; "
                                    "rerunning the same command resumes. `sandbox sweep status DIR` shows progress.")
-    s.add_argument("target", nargs="+", metavar="FILE.yaml | status DIR")
+    s.add_argument("target", nargs="+", metavar="FILE.yaml | status DIR",
+                   help="a sweep YAML to run (or resume), or `status DIR` for a sweep directory's progress")
     s.add_argument("--out", help="sweep directory (default sweeps_out/<sweep name>)")
     s.add_argument("--workers", type=int, help="number of worker processes (default: 1 on CPU, "
                    "--workers-per-gpu x GPUs otherwise)")
