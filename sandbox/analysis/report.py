@@ -181,7 +181,8 @@ def _markdown(run, numbers: dict, figs: dict, notes: list[str], batches: int, ba
             if dataclasses.is_dataclass(opts) else {}
         described.append(m + (f" ({', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else ""))
     lines = [f"# inspect: {run.run_dir.name}", "",
-             f"{' + '.join(described)}, d_model {cfg.model.d_model}, {cfg.model.n_layers} layers, "
+             f"{' + '.join(described)}, d_model {cfg.model.d_model}, "
+             f"{cfg.model.n_layers} layer{'s' if cfg.model.n_layers > 1 else ''}, "
              f"{cfg.model.n_heads} head{'s' if cfg.model.n_heads > 1 else ''}; task {cfg.task.name}; "
              f"checkpoint step {run.step}"
              + (f"; test accuracy {acc:.4f}" if acc is not None else "")
