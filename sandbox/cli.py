@@ -2,7 +2,9 @@
 
     sandbox train [CONFIG] [--set KEY=VALUE ...] [--out DIR]
 
-Errors in the user's input print one line and exit with status 2.
+Errors in the user's input print one line and exit with status 2. A command that takes a subcommand
+(``sandbox``, ``sandbox bench``) prints its help when given none, and exits with 0: asking what there is
+is not a mistake.
 """
 from __future__ import annotations
 
@@ -51,11 +53,35 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _print_help(parser: argparse.ArgumentParser):
+    """The ``func`` of a command whose subcommand is missing: its help, on stdout."""
+    def show(_args) -> int:
+        parser.print_help()
+        return 0
+    return show
+
+
+def _with_subcommands(parser: argparse.ArgumentParser):
+    """``parser`` and every parser below it that takes a subcommand."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            yield parser
+            for child in dict.fromkeys(action.choices.values()):
+                yield from _with_subcommands(child)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sandbox", description="Train and inspect token mixers on synthetic tasks.")
-    sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="train one model from a YAML config")
-    t.add_argument("config", nargs="?", help="run YAML (default: the packaged quickstart)")
+    p = argparse.ArgumentParser(
+        prog="sandbox", description="Train and inspect token mixers on synthetic tasks.",
+        epilog="Start with `sandbox train` (the packaged quickstart, under a minute on a CPU), then "
+               "`sandbox inspect RUN_DIR` on the run directory it prints. `sandbox COMMAND --help` lists a "
+               "command's options.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    t = sub.add_parser("train", help="train one model from a YAML config",
+                       description="Train one model from a run YAML; the run directory gets TensorBoard events, "
+                                   "result.json and a checkpoint that a second call with the same --out resumes.")
+    t.add_argument("config", nargs="?", help="run YAML (default: the packaged quickstart, "
+                                             "sandbox/configs/quickstart.yaml)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set model.d_model=128 (repeatable)")
     t.add_argument("--out", help="run directory (default runs/<name>-<time>); an existing one resumes")
@@ -63,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
     for module in SUBCOMMAND_MODULES:        # each adds its subcommand through add_cli(sub)
         importlib.import_module(module).add_cli(sub)
+    for parser in _with_subcommands(p):      # `sandbox`, `sandbox bench`: no subcommand given -> the help
+        parser.set_defaults(func=_print_help(parser))
     return p
 
 

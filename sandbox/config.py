@@ -308,15 +308,26 @@ def set_dotted(data: dict, key: str, value, src: str = "--set") -> None:
 
 
 def load_config(path=None, overrides=(), data: dict | None = None) -> RunConfig:
-    """Read a YAML file (or a dict), apply ``KEY=VALUE`` overrides, validate."""
+    """Read a YAML file (or a dict), apply ``KEY=VALUE`` overrides, validate. An error about a key that an
+    override set (or a key inside it) names ``--set``, not the file: the file did not say that; any other
+    error names the file and the overrides it was read with."""
     src = str(path) if path is not None else "<config>"
     raw = read_yaml(path) if path is not None else copy.deepcopy(data or {})
     if not isinstance(raw, dict):
         raise ConfigError(src, "", "the top level must be a mapping with task, model and train sections")
+    overridden = {}
     for item in overrides:
         key, value = parse_override(item) if isinstance(item, str) else item
         set_dotted(raw, key, value)
-    return config_from_dict(raw, src)
+        overridden[key] = item if isinstance(item, str) else f"{key}={value}"
+    try:
+        return config_from_dict(raw, src)
+    except ConfigError as e:
+        if any(e.key == k or e.key.startswith((k + ".", k + "[")) for k in overridden):
+            raise ConfigError("--set", e.key, e.reason) from None
+        if overridden:
+            raise ConfigError(f"{src} with --set {' '.join(overridden.values())}", e.key, e.reason) from None
+        raise
 
 
 def to_dict(cfg) -> dict:

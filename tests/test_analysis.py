@@ -403,3 +403,93 @@ def test_plot_loss_is_minimised_over_history_and_tuned_keys(tmp_path):
                                                          "best_accuracy": 0.5, "history": hist}))
     res = plot_sweep(tmp_path, x="model.n_heads", y="test/loss", log=lambda *_: None)
     assert {k[0]: v["mean"] for k, v in res["points"].items()} == pytest.approx({1: 3.0, 2: 2.0, 4: 1.5})
+
+
+# ---- the pictures: size, labels and words that match the run ---------------------------------------
+
+def _captured(stateful: bool, seq_len: int, heads: int = 1, seed: int = 0) -> dict:
+    """What a layer records over 2 examples: keys and values, and for a recurrent layer its log-decay
+    gates (one per state row) and final state."""
+    g = torch.Generator().manual_seed(seed)
+    B, K, V = 2, 6, 5
+    cap = {"keys": torch.randn(B, seq_len, heads, K, generator=g),
+           "values": torch.randn(B, seq_len, heads, V, generator=g)}
+    if stateful:
+        cap["gates"] = -torch.rand(B, seq_len, heads, K, generator=g)
+        cap["final_state"] = torch.randn(B, heads, K, V, generator=g)
+    return cap
+
+
+def _figures_of(layers: list[dict], mixers: list[str]):
+    from sandbox.analysis.report import _figures, analyse
+    _, panels, _ = analyse(layers, list(range(len(layers))), mixers=mixers)
+    return _figures(panels, "pca")
+
+
+def _texts(fig) -> str:
+    return " ".join([fig._suptitle.get_text() if fig._suptitle else ""]
+                    + [t for ax in fig.axes for t in (ax.get_title(), ax.get_xlabel(), ax.get_ylabel())])
+
+
+@pytest.mark.parametrize("layers,heads", [(1, 1), (2, 1), (2, 2)])
+def test_every_picture_is_wide_labelled_and_has_its_colour_bars(tmp_path, layers, heads):
+    """Each picture is at least 800 px wide as saved, every panel names both axes and has a title, and
+    every scatter or image carries a labelled colour bar."""
+    import matplotlib.pyplot as plt
+
+    from sandbox.analysis.plots import save
+    figs = _figures_of([_captured(True, 16, heads, seed=i) for i in range(layers)], ["gla"] * layers)
+    assert set(figs) == {"clustering", "similarity", "entropy", "receptive_field", "usage"}
+    for name, fig in figs.items():
+        colour_bars = {m.colorbar.ax for ax in fig.axes for m in ax.collections + ax.images if m.colorbar}
+        panels = [ax for ax in fig.axes if ax not in colour_bars and ax.axison]
+        assert panels, name
+        for ax in panels:
+            assert ax.get_xlabel() and ax.get_ylabel() and ax.get_title(), (name, ax.get_title())
+        if name in ("clustering", "similarity"):
+            assert len(colour_bars) == len(panels) == layers * heads, name
+            assert all(bar.get_ylabel() for bar in colour_bars), name
+        save(fig, tmp_path / f"{name}.png")
+        height, width = plt.imread(tmp_path / f"{name}.png").shape[:2]
+        assert width >= 800, (name, width, height)
+        fig.canvas.draw()
+        box = fig._suptitle.get_window_extent() if fig._suptitle else None
+        assert box is None or (box.x0 >= 0 and box.x1 <= fig.bbox.x1), f"{name}: the title runs past the edges"
+        plt.close(fig)
+
+
+def test_picture_words_match_the_run():
+    """A layer without a state is coloured by key channel, not by state row; the receptive field names the
+    positions it averaged over (all 16 of a 16-token sequence; the last 128 of 200)."""
+    import matplotlib.pyplot as plt
+
+    attention = _figures_of([_captured(False, 16)], ["attention"])
+    assert set(attention) == {"clustering", "usage"}
+    for fig in attention.values():
+        assert "key channel" in _texts(fig) and "state row" not in _texts(fig)
+    gla = _figures_of([_captured(True, 16)], ["gla"])
+    assert "state row" in _texts(gla["clustering"]) and "key channel" not in _texts(gla["clustering"])
+    assert "all 16 positions" in _texts(gla["receptive_field"]) and "128" not in _texts(gla["receptive_field"])
+    long = _figures_of([_captured(True, 200)], ["gla"])
+    assert "the last 128 of 200 positions" in _texts(long["receptive_field"])
+    for fig in [*attention.values(), *gla.values(), *long.values()]:
+        plt.close(fig)
+
+
+def test_plot_puts_learning_rates_on_a_log_axis(tmp_path):
+    """lr 0.001 and 0.003 on a linear axis crowd their ticks; a learning rate gets a log axis by itself,
+    a width of 16 and 32 keeps a linear one, and --logx / --no-logx decide otherwise."""
+    from sandbox.analysis.plot_sweep import aggregate, draw, load_rows
+    from sandbox.cli import main
+
+    _fake_sweep(tmp_path)
+    rows, _ = load_rows(tmp_path)
+
+    def scale(x, **kw):
+        points, tuned = aggregate(rows, "best_accuracy", [x])
+        return draw(points, [x], x, "best_accuracy", tuned, **kw).axes[0].get_xscale()
+
+    assert scale("train.lr") == "log" and scale("model.d_model") == "linear"
+    assert scale("train.lr", logx=False) == "linear" and scale("model.d_model", logx=True) == "log"
+    assert main(["plot", str(tmp_path), "--x", "train.lr", "--out", str(tmp_path / "lr.png")]) == 0
+    assert main(["plot", str(tmp_path), "--x", "model.mixer", "--logx"]) == 2      # names have no log

@@ -1,6 +1,8 @@
 """Subcommands ``sandbox inspect``, ``sandbox plot``, ``sandbox verdict`` and ``sandbox compare``."""
 from __future__ import annotations
 
+import argparse
+
 
 def cmd_inspect(args) -> int:
     from pathlib import Path
@@ -17,7 +19,7 @@ def cmd_inspect(args) -> int:
 def cmd_plot(args) -> int:
     from sandbox.analysis.plot_sweep import plot_sweep
     plot_sweep(args.sweep_dir, x=args.x, y=args.y, hue=args.hue, col=args.col, heatmap=args.heatmap,
-               spread=args.spread, out=args.out, where=args.where)
+               spread=args.spread, out=args.out, where=args.where, logx=args.logx)
     return 0
 
 
@@ -46,12 +48,13 @@ def add_cli(sub) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="examples per batch (default 64)")
     p.add_argument("--tsne", action="store_true", help="place tokens by t-SNE instead of PCA (slower)")
     p.add_argument("--out", help="output folder (default RUN_DIR/inspect)")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto")
+    p.add_argument("--device", default="auto", help="auto (default: the GPU if there is one), cpu, cuda or cuda:N")
     p.add_argument("--no-tensorboard", action="store_true", help="do not add the figures to the run's TensorBoard")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("plot", help="curves or heatmaps from a sweep directory (results.csv or */result.json)")
-    p.add_argument("sweep_dir")
+    p.add_argument("sweep_dir", help="a directory written by `sandbox sweep` (its results.csv), or any folder "
+                                     "holding run directories (their */result.json)")
     p.add_argument("--x", required=True, help="x axis key, e.g. model.d_model, task.gap, state_size")
     p.add_argument("--y", default="test/accuracy", help="metric (default test/accuracy = best test accuracy)")
     p.add_argument("--hue", help="one line per value of this key, e.g. model.mixer")
@@ -62,6 +65,9 @@ def add_cli(sub) -> None:
                    help="band over seeds: min..max (default) or mean ± std")
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                    help="keep only rows with this value (repeatable)")
+    p.add_argument("--logx", action=argparse.BooleanOptionalAction, default=None,
+                   help="logarithmic x axis (default: on for learning rates, e.g. --x train.lr, and for numbers "
+                        "spanning a factor of 8 or more)")
     p.add_argument("--out", help="PNG path (default SWEEP_DIR/plots/<y>_vs_<x>....png)")
     p.set_defaults(func=cmd_plot)
 
@@ -88,7 +94,9 @@ def add_cli(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for both variants")
     p.add_argument("--set-a", action="append", default=[], metavar="KEY=VALUE", help="override for A only")
     p.add_argument("--set-b", action="append", default=[], metavar="KEY=VALUE", help="override for B only")
-    p.add_argument("--metric", choices=("best_accuracy", "final_accuracy"), default="best_accuracy")
+    p.add_argument("--metric", choices=("best_accuracy", "final_accuracy"), default="best_accuracy",
+                   help="what each run contributes: its best test accuracy over the evaluations (default) or "
+                        "its accuracy at the last step")
     p.add_argument("--jobs", type=int, help="variants trained at once, each its seeds as one stack (default: 2 on a "
                    "GPU, side by side; 1 on the CPU)")
     p.add_argument("--out", help="folder for the runs (default runs/compare-<time>); rerunning resumes")

@@ -89,6 +89,6 @@ def add_cli(sub) -> None:
     p.add_argument("run_dir", help="a run directory written by `sandbox train` with lte layers")
     p.add_argument("--set", action="append", default=[], metavar="task.KEY=VALUE",
                    help="change the task, e.g. --set task.seq_len=8192 (repeatable)")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=64, help="examples per evaluation batch (default 64)")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N")
     p.set_defaults(func=cmd_lte_eval)

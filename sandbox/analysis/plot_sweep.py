@@ -161,8 +161,10 @@ def _filter(rows: list[dict], where: list[str]) -> list[dict]:
 
 
 def plot_sweep(sweep_dir, x: str, y: str = "test/accuracy", hue: str | None = None, col: str | None = None,
-               heatmap: str | None = None, spread: str = "minmax", out=None, where=(), log=print) -> dict:
-    """Draw curves (or heatmaps) and print the table; returns the aggregated points."""
+               heatmap: str | None = None, spread: str = "minmax", out=None, where=(), logx: bool | None = None,
+               log=print) -> dict:
+    """Draw curves (or heatmaps) and print the table; returns the aggregated points. ``logx``: a log x axis;
+    None = for a learning rate and for numbers spanning a factor of 8 or more."""
     import matplotlib.pyplot as plt
 
     if spread not in ("minmax", "std"):
@@ -192,7 +194,7 @@ def plot_sweep(sweep_dir, x: str, y: str = "test/accuracy", hue: str | None = No
     for r in table:
         log("  ".join(c.ljust(w) for c, w in zip(r, widths)))
 
-    fig = draw(points, axes, x, ycol, tuned, hue=hue, col=col, heatmap=heatmap, spread=spread)
+    fig = draw(points, axes, x, ycol, tuned, hue=hue, col=col, heatmap=heatmap, spread=spread, logx=logx)
     if out is None:
         name = f"{_slug(ycol)}_vs_{_slug(x)}" + (f"_by_{_slug(heatmap)}" if heatmap else "") \
                + (f"_hue_{_slug(hue)}" if hue else "") + (f"_col_{_slug(col)}" if col else "")
@@ -206,7 +208,7 @@ def plot_sweep(sweep_dir, x: str, y: str = "test/accuracy", hue: str | None = No
 
 
 def draw(points: dict, axes: list[str], x: str, ycol: str, tuned: list[str], *, hue=None, col=None, heatmap=None,
-         spread: str = "minmax"):
+         spread: str = "minmax", logx: bool | None = None):
     """The figure of aggregated points: one panel per ``col`` value; a line per ``hue`` value over a
     numeric x, or markers with error bars (side by side, not joined) over categories such as mixer
     names; or a heatmap of ``heatmap`` against x."""
@@ -219,6 +221,9 @@ def draw(points: dict, axes: list[str], x: str, ycol: str, tuned: list[str], *, 
     panels = values_of(0) if col else [None]
     xs = values_of(len(axes) - 1)
     numeric_x = all(_number(v) is not None for v in xs)
+    rate = x.split(".")[-1] == "lr"            # learning rates are tried on a log grid
+    if logx and not (heatmap is None and numeric_x and min(_number(v) for v in xs) > 0):
+        raise ValueError(f"logx: needs positive numbers on a line plot; {x} has {', '.join(map(str, xs))}")
     fig, axs = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + (1 if heatmap else 0), 3.8),
                             squeeze=False, dpi=100)
     for pi, pv in enumerate(panels):
@@ -261,8 +266,8 @@ def draw(points: dict, axes: list[str], x: str, ycol: str, tuned: list[str], *, 
                     ax.errorbar(px, m, yerr=[m - lo, hi_ - m], fmt="o", ms=4, capsize=3, label=label, color=color)
             if numeric_x:
                 nx = [_number(v) for v in xs]
-                if min(nx) > 0 and max(nx) / min(nx) >= 8:
-                    ax.set_xscale("log", base=2)
+                if logx or (logx is None and min(nx) > 0 and (rate or max(nx) / min(nx) >= 8)):
+                    ax.set_xscale("log", base=10 if rate else 2)
                 ax.set_xticks(nx, [str(v) for v in xs])
                 ax.minorticks_off()
             else:

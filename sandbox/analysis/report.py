@@ -19,6 +19,8 @@ from sandbox.analysis.capture import capture, load_run
 MAX_HEADS = 4           # heads drawn per layer in the grid pictures (numbers use all heads)
 RF_THRESHOLD = 1e-3     # SSE Appendix C
 RF_LAST = 128           # receptive field averaged over the last positions (SSE Appendix C)
+# what one routing choice of a mixer is (the x axis of its usage picture); other mixers' read "choice"
+CHOICES = {"sse": "partition", "mom": "memory", "sla": "head", "moba": "key block", "nsa": "key block"}
 
 
 def _nanmean(t: torch.Tensor) -> float:
@@ -37,8 +39,9 @@ def _indexes_key_rows(routing: torch.Tensor, keys) -> bool:
 
 
 def analyse(per_layer: list[dict], layers: list[int], embed: str = "pca", max_points: int = 2000,
-            seed: int = 0) -> tuple[dict, dict, list[str]]:
-    """Numbers per layer, figure panels, and notes on what was skipped."""
+            seed: int = 0, mixers: list[str] | None = None) -> tuple[dict, dict, list[str]]:
+    """Numbers per layer, figure panels, and notes on what was skipped. ``mixers``: each layer's mixer name,
+    for the words on the usage picture."""
     numbers: dict[int, dict] = {}
     panels: dict[str, object] = {"clustering": {}, "similarity": {}, "entropy": {}, "receptive_field": {},
                                  "usage": []}
@@ -49,6 +52,8 @@ def analyse(per_layer: list[dict], layers: list[int], embed: str = "pca", max_po
         cap = per_layer[l]
         num = numbers[l] = {}
         keys, values, state, gates = (cap.get(k) for k in ("keys", "values", "final_state", "gates"))
+        stateful = state is not None            # a key's entries are rows of a recurrent state, or just channels
+        row_word = "state row" if stateful else "key channel"
         # state clustering (Fig. 2)
         if keys is not None and values is not None and keys.ndim == 4 and values.ndim == 4:
             r2s = []
@@ -60,7 +65,8 @@ def analyse(per_layer: list[dict], layers: list[int], embed: str = "pca", max_po
                 if h < MAX_HEADS:
                     pick = torch.randperm(len(rows), generator=gen)[:max_points]
                     xy = metrics.tsne_2d(vals[pick], seed=seed) if embed == "tsne" else metrics.pca_2d(vals[pick])
-                    panels["clustering"][(l, h)] = (xy, rows[pick], keys.shape[-1], r2)
+                    panels["clustering"][(l, h)] = {"xy": xy, "colour": rows[pick], "choices": keys.shape[-1],
+                                                    "r2": r2, "stateful": stateful}
             num["cluster_r2"] = _nanmean(torch.tensor(r2s))
         else:
             notes.append(f"layer {l}: no per-token keys/values recorded; clustering skipped")
@@ -75,6 +81,7 @@ def analyse(per_layer: list[dict], layers: list[int], embed: str = "pca", max_po
             ent = metrics.singular_value_entropy(state)              # [B, H]
             per_head = torch.nanmean(ent, 0)
             panels["entropy"][l] = per_head
+            panels["examples"] = state.shape[0]
             num["sv_entropy"] = _nanmean(per_head)
         else:
             notes.append(f"layer {l}: no final_state recorded (not a recurrent-state mixer?); "
@@ -87,19 +94,26 @@ def analyse(per_layer: list[dict], layers: list[int], embed: str = "pca", max_po
             last = min(RF_LAST, rf.shape[1])
             per_channel = rf[:, -last:].double().mean((0, 1))
             panels["receptive_field"][l] = per_channel
+            panels["rf_last"], panels["seq_len"] = last, rf.shape[1]
+            panels["rf_channel"] = "head" if gates.ndim == 3 else \
+                "decay channel (state row" + ("; heads one after another)" if gates.shape[2] > 1 else ")")
             rf_cap = round((2 * rf.shape[1] - last - 1) / 2, 1)         # mean position t of those
             num["receptive_field"] = float(per_channel.mean())
             num["receptive_field_cap"] = rf_cap
+            num["receptive_field_positions"] = last
         else:
             notes.append(f"layer {l}: no decay gates recorded; receptive field skipped")
         # usage of routing choices
         routing = {k: v for k, v in cap.items() if k.startswith("routing")}
+        fallback = f"argmax key {row_word.split()[-1]} (no routing recorded)"
         if not routing and keys is not None and keys.ndim == 4:
-            routing = {"argmax key row (no routing recorded)": metrics.key_rows(keys)[..., None]}
+            routing = {fallback: metrics.key_rows(keys)[..., None]}
         for name, r in routing.items():
-            n = None
-            if _indexes_key_rows(r, keys):
-                n = keys.shape[-1]                                    # row choices of a head
+            n, choice = None, CHOICES.get(mixers[l] if mixers else "", "choice")
+            if name == fallback:
+                choice = f"{row_word} of the largest key entry"
+            elif _indexes_key_rows(r, keys):
+                n, choice = keys.shape[-1], "state row"               # row choices of a head
             try:
                 use, bal = metrics.usage(r, n)
             except ValueError as e:
@@ -107,8 +121,10 @@ def analyse(per_layer: list[dict], layers: list[int], embed: str = "pca", max_po
                 continue
             summary = metrics.usage_summary(use)
             num.setdefault("usage", {})[name] = summary
-            panels["usage"].append((f"layer {l}: {name}  (max/balanced {summary['max_over_balanced']:.2f}, "
-                                    f"entropy {summary['usage_entropy']:.3f})", use, bal))
+            share = "mean weight" if r.is_floating_point() else "share of tokens"
+            panels["usage"].append({"title": f"layer {l}: {name}  (max/balanced {summary['max_over_balanced']:.2f}, "
+                                             f"usage entropy {summary['usage_entropy']:.3f})",
+                                    "use": use, "balanced": bal, "choice": choice, "share": share})
     panels["rf_cap"] = rf_cap
     return numbers, panels, notes
 
@@ -121,10 +137,10 @@ def _figures(panels: dict, embed: str) -> dict:
     if panels["similarity"]:
         figs["similarity"] = plots.similarity(panels["similarity"])
     if panels["entropy"]:
-        figs["entropy"] = plots.entropy(panels["entropy"])
+        figs["entropy"] = plots.entropy(panels["entropy"], panels["examples"])
     if panels["receptive_field"]:
-        figs["receptive_field"] = plots.receptive_field(panels["receptive_field"], panels["rf_cap"],
-                                                        RF_THRESHOLD, RF_LAST)
+        figs["receptive_field"] = plots.receptive_field(panels["receptive_field"], panels["rf_cap"], RF_THRESHOLD,
+                                                        panels["rf_last"], panels["seq_len"], panels["rf_channel"])
     if panels["usage"]:
         figs["usage"] = plots.usage(panels["usage"])
     return figs
@@ -132,6 +148,26 @@ def _figures(panels: dict, embed: str) -> dict:
 
 def _fmt(v) -> str:
     return "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
+
+
+def _explained(numbers: dict) -> str:
+    """What the table's numbers mean, for the numbers the run has."""
+    has = lambda key: any(key in n for n in numbers.values())  # noqa: E731
+    parts = []
+    if has("row_similarity"):
+        parts += ["Row similarity: mean off-diagonal |cosine| between rows of the final state (SSE Fig. 3; lower "
+                  "= more distinct rows). SV entropy: normalised singular-value entropy of the state, mean over "
+                  "heads (SSE Fig. 5, footnote 8; higher = state used more evenly)."]
+    if has("cluster_r2"):
+        parts += ["Cluster R²: share of the value vectors' variance explained by the state row (for a mixer "
+                  "without a state: the key channel) of the largest key entry (SSE Fig. 2)."]
+    if has("receptive_field"):
+        n = next(n for n in numbers.values() if "receptive_field" in n)
+        over = (f"all {n['receptive_field_positions']} positions" if n["receptive_field_positions"] < RF_LAST
+                else f"the last {RF_LAST} positions")
+        parts += [f"Receptive field: steps back until the cumulative decay falls below {RF_THRESHOLD:g}, mean "
+                  f"over channels and {over}, out of the largest possible (SSE Appendix C)."]
+    return " ".join(parts)
 
 
 def _markdown(run, numbers: dict, figs: dict, notes: list[str], batches: int, batch_size: int) -> str:
@@ -145,7 +181,8 @@ def _markdown(run, numbers: dict, figs: dict, notes: list[str], batches: int, ba
             if dataclasses.is_dataclass(opts) else {}
         described.append(m + (f" ({', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else ""))
     lines = [f"# inspect: {run.run_dir.name}", "",
-             f"{' + '.join(described)}, d_model {cfg.model.d_model}, {cfg.model.n_layers} layers, "
+             f"{' + '.join(described)}, d_model {cfg.model.d_model}, "
+             f"{cfg.model.n_layers} layer{'s' if cfg.model.n_layers > 1 else ''}, "
              f"{cfg.model.n_heads} head{'s' if cfg.model.n_heads > 1 else ''}; task {cfg.task.name}; "
              f"checkpoint step {run.step}"
              + (f"; test accuracy {acc:.4f}" if acc is not None else "")
@@ -159,13 +196,9 @@ def _markdown(run, numbers: dict, figs: dict, notes: list[str], batches: int, ba
         rf = f"{n['receptive_field']:.1f} / {n['receptive_field_cap']}" if "receptive_field" in n else "-"
         lines.append(f"| {l} | {mixers[l]} | {_fmt(n.get('row_similarity'))} | {_fmt(n.get('row_similarity_signed'))}"
                      f" | {_fmt(n.get('sv_entropy'))} | {_fmt(n.get('cluster_r2'))} | {rf} | {bal} |")
-    lines += ["", "Row similarity: mean off-diagonal |cosine| between rows of the final state (SSE Fig. 3; lower ="
-              " more distinct rows). SV entropy: normalised singular-value entropy of the state, mean over "
-              "heads (SSE Fig. 5, footnote 8; higher = state used more evenly). Cluster R²: share of the "
-              "value vectors' variance explained by the row of the largest key entry (SSE Fig. 2). Receptive "
-              f"field: steps back until the cumulative decay falls below {RF_THRESHOLD:g}, mean over channels "
-              f"and the last {RF_LAST} positions, out of the largest possible (SSE Appendix C).", ""]
-    for name, title in (("clustering", "State clustering"), ("similarity", "Row-wise cosine similarity"),
+    lines += ["", _explained(numbers), ""]
+    for name, title in (("clustering", "Clustering by the key's largest entry"),
+                        ("similarity", "Row-wise cosine similarity"),
                         ("entropy", "Singular-value entropy"), ("receptive_field", "Receptive field"),
                         ("usage", "Usage")):
         if name in figs:
@@ -176,7 +209,7 @@ def _markdown(run, numbers: dict, figs: dict, notes: list[str], batches: int, ba
 
 
 def inspect_run(run_dir, layer: int | None = None, batches: int = 4, batch_size: int = 64,
-                tsne: bool = False, out=None, device: str = "cpu", tensorboard: bool = True,
+                tsne: bool = False, out=None, device: str = "auto", tensorboard: bool = True,
                 log=print, pictures: bool = True) -> dict:
     """Capture, measure, draw (unless ``pictures`` is false: the numbers only), and write the report;
     returns the summary (also summary.json)."""
@@ -190,7 +223,7 @@ def inspect_run(run_dir, layer: int | None = None, batches: int = 4, batch_size:
     per_layer, _ = capture(run.model, run.task, batches, batch_size, layers)
     embed = "tsne" if tsne else "pca"
     numbers, panels, notes = analyse(per_layer, layers, embed=embed, max_points=600 if tsne else 2000,
-                                     seed=run.cfg.seed)
+                                     seed=run.cfg.seed, mixers=run.cfg.model.layer_mixers())
     out_dir = Path(out) if out is not None else run.run_dir / "inspect"
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = _figures(panels, embed) if pictures else {}

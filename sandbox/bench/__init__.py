@@ -5,24 +5,28 @@ own, runs.py and step_worker.py) and ``sandbox bench sweep`` (sweep.py: trial-st
 whole sweep runner, against another version's)."""
 from __future__ import annotations
 
-import argparse
+import importlib
 
-
-def main(what: str, argv) -> int:
-    if what == "kernels":
-        from sandbox.bench.kernels import main_kernels
-        return main_kernels(argv)
-    if what == "sweep":
-        from sandbox.bench.sweep import main_sweep
-        return main_sweep(argv)
-    from sandbox.bench.train import main_train
-    return main_train(argv)
+# name -> (module with parser() and main_<name>(args), the line `sandbox bench --help` shows)
+BENCHES = {
+    "kernels": ("sandbox.bench.kernels", "Triton kernels against float64 references, then timed against torch, "
+                                         "fla and flash attention (GPU)"),
+    "train": ("sandbox.bench.train", "ms per training step of reference configurations, or a sweep's GPU-minutes "
+                                     "(--sweep), against another version (GPU)"),
+    "sweep": ("sandbox.bench.sweep", "trial-steps per GPU-second of a whole sweep runner, against another "
+                                     "version (GPU)"),
+}
 
 
 def add_cli(sub) -> None:
-    """``sandbox bench kernels|train|sweep [options]`` (``--help`` after the name lists the options)."""
-    p = sub.add_parser("bench", add_help=False, help="benchmarks (GPU): `sandbox bench kernels [--check]`, "
-                       "`sandbox bench train`, `sandbox bench sweep FILE`")
-    p.add_argument("what", choices=["kernels", "train", "sweep"])
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=lambda a: main(a.what, a.rest))
+    """``sandbox bench kernels|train|sweep [options]``: each benchmark's options come from its module's
+    ``parser()``, so ``--help`` at every level lists them."""
+    p = sub.add_parser("bench", help="benchmarks (GPU): kernels, training steps, sweep runners",
+                       description="Speed yardsticks, each measured against a reference in the same process "
+                                   "or call.")
+    benches = p.add_subparsers(dest="bench", metavar="BENCH")
+    for name, (module, line) in BENCHES.items():
+        mod = importlib.import_module(module)
+        own = mod.parser()
+        b = benches.add_parser(name, parents=[own], add_help=False, help=line, description=own.description)
+        b.set_defaults(func=getattr(mod, f"main_{name}"))

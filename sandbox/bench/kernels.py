@@ -1,6 +1,6 @@
 """`sandbox bench kernels`: check the Triton kernels against a float64 reference, then time them.
 
-Entry points: ``main_kernels(argv) -> int`` (argument parsing, for the CLI) and
+Entry points: ``parser()`` and ``main_kernels(argv) -> int`` (the options, for the CLI) and
 ``run_kernel_bench(check, shapes, out_path, ...) -> dict`` (the work).
 
 Check (``sandbox/bench/checks.py``): every kernel family against the float64 torch reference
@@ -345,7 +345,7 @@ def _parse_shapes(text: str):
     return shapes
 
 
-def main_kernels(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sandbox bench kernels",
                                 description="Check the Triton kernels against a float64 reference and time them.")
     p.add_argument("--check", action="store_true", help="check every kernel on the GPU first; failing ones are not timed")
@@ -364,7 +364,12 @@ def main_kernels(argv=None) -> int:
                    help="compile and autotune only (run every kernel once, no timing), e.g. in parallel processes")
     p.add_argument("--no-profile", action="store_true", help="skip the per-kernel GPU time breakdown")
     p.add_argument("--deadline", type=float, default=None, help="seconds after which remaining parts are skipped")
-    a = p.parse_args(argv)
+    return p
+
+
+def main_kernels(argv=None) -> int:
+    """``argv``: the words after ``sandbox bench kernels``, or the options the CLI parsed with ``parser()``."""
+    a = argv if isinstance(argv, argparse.Namespace) else parser().parse_args(argv)
     try:
         shapes = DEFAULT_SHAPES if not a.shapes else ([] if a.shapes == "none" else _parse_shapes(a.shapes))
         gates = tuple(x for x in a.gates.split(",") if x)

@@ -79,8 +79,8 @@ def describe(key: str) -> str:
     return " ".join(config_words(c) + [f"gap{c['task'].get('gap', 0)}", f"noise{c['task'].get('noise', 0)}"])
 
 
-def main_sweep(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="sandbox bench sweep", description=__doc__.split("\n\n")[0])
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sandbox bench sweep", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("file", help="the sweep YAML (both versions must read it)")
     p.add_argument("--seconds", type=float, default=300, help="wall-time window of each runner (default 300)")
     p.add_argument("--ref", help="another version to run in the same call: a commit or a checkout directory")
@@ -88,7 +88,12 @@ def main_sweep(argv=None) -> int:
                    help="options of the other version's `sandbox sweep` (default: --workers-per-gpu 8)")
     p.add_argument("--args", default="", help="options of this checkout's `sandbox sweep` (default: none)")
     p.add_argument("--out", default="runs/bench_sweep", help="directory for both sweeps and bench.json")
-    a = p.parse_args(argv)
+    return p
+
+
+def main_sweep(argv=None) -> int:
+    """``argv``: the words after ``sandbox bench sweep``, or the options the CLI parsed with ``parser()``."""
+    a = argv if isinstance(argv, argparse.Namespace) else parser().parse_args(argv)
     sweep_file = Path(a.file).resolve()
     if not sweep_file.exists():
         print(f"sandbox bench sweep: error: {a.file}: no such file", file=sys.stderr)

@@ -120,8 +120,8 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main_train(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="sandbox bench train", description=__doc__.split("\n\n")[0])
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sandbox bench train", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--configs", default=",".join(REFERENCE), help="comma-separated names (default: all): "
                    + ", ".join(REFERENCE))
     p.add_argument("--steps", type=int, default=400, help="training steps per configuration (default 400)")
@@ -140,7 +140,12 @@ def main_train(argv=None) -> int:
                    "row); with every kind in them, or without a GPU, nothing is timed")
     p.add_argument("--time-limit", type=float, metavar="SECONDS", help="with --sweep: start no kind that would end "
                    "after SECONDS (judged by the longest kind so far); the rest are left for a call with --timed")
-    a = p.parse_args(argv)
+    return p
+
+
+def main_train(argv=None) -> int:
+    """``argv``: the words after ``sandbox bench train``, or the options the CLI parsed with ``parser()``."""
+    a = argv if isinstance(argv, argparse.Namespace) else parser().parse_args(argv)
     if a.steps < MIN_STEPS and not a.timed:
         print(f"sandbox bench train: error: --steps {a.steps}: the steady rate is read after the first 100 steps "
               f"(compilation, graph capture), from the rate logged every 25: give --steps {MIN_STEPS} or more",

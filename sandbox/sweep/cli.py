@@ -63,7 +63,8 @@ def add_cli(sub) -> None:
                        description="Run every trial of a sweep YAML (each grid point with each tuned value) as an "
                                    "Optuna trial in worker processes; rerunning the same command resumes. "
                                    "`sandbox sweep status DIR` shows progress.")
-    s.add_argument("target", nargs="+", metavar="FILE.yaml | status DIR")
+    s.add_argument("target", nargs="+", metavar="FILE.yaml | status DIR",
+                   help="a sweep YAML to run (or resume), or `status DIR` for a sweep directory's progress")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a key of the sweep's base config, e.g. --set train.steps=500 (repeatable); the "
                    "variant is its own study (the sweep's name plus a hash of the overrides), resumed by the same "
