@@ -56,13 +56,15 @@ def add_cli(sub) -> None:
     p.add_argument("sweep_dir", help="a directory written by `sandbox sweep` (its results.csv), or any folder "
                                      "holding run directories (their */result.json)")
     p.add_argument("--x", required=True, help="x axis key, e.g. model.d_model, task.gap, state_size")
-    p.add_argument("--y", default="test/accuracy", help="metric (default test/accuracy = best test accuracy)")
+    p.add_argument("--y", default="test/accuracy", help="metric (default test/accuracy: the test accuracy at the "
+                   "learning rate and step chosen on val, as the verdicts read it; best test accuracy for runs from "
+                   "before the val split)")
     p.add_argument("--hue", help="one line per value of this key, e.g. model.mixer")
     p.add_argument("--col", help="one panel per value of this key, e.g. task.gap")
     p.add_argument("--heatmap", metavar="KEY", help="draw a heatmap with KEY as rows and --x as columns "
                                                    "(colour = --y), e.g. --x model.sse.k --heatmap model.sse.n")
-    p.add_argument("--spread", choices=("minmax", "std"), default="minmax",
-                   help="band over seeds: min..max (default) or mean ± std")
+    p.add_argument("--spread", choices=("minmax", "std", "ci"), default="minmax",
+                   help="band over seeds: min..max (default), mean ± std, or the mean's 95%% t interval (ci)")
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                    help="keep only rows with this value (repeatable)")
     p.add_argument("--logx", action=argparse.BooleanOptionalAction, default=None,

@@ -21,11 +21,14 @@ from pathlib import Path
 import yaml
 
 from sandbox.analysis.plots import save, suptitle
+from sandbox.analysis.stats import mean_ci
 from sandbox.config import flatten
 from sandbox.train.record import SUMMARY_FIELDS, RunResult
 
 RESULT_FIELDS = (*SUMMARY_FIELDS, "objective")     # a row's result columns (the rest are config keys)
-Y_ALIASES = {"test/accuracy": ("test/accuracy", "best_accuracy", "objective"),
+# test accuracy means the test accuracy at the step chosen on val where runs have a val split (as the verdicts read
+# it), else the best test accuracy of runs from before the split
+Y_ALIASES = {"test/accuracy": ("test_at_best_val", "test/accuracy", "best_accuracy", "objective"),
              "accuracy": ("best_accuracy", "objective"),
              "test/final_accuracy": ("test/final_accuracy", "final_accuracy"),
              "test/loss": ("test/loss", "objective")}      # a loss sweep's objective is its test loss
@@ -119,11 +122,32 @@ def aggregate(rows: list[dict], y: str, axes: list[str], seed_key: str = "seed",
              if "." in c and len({str(r.get(c)) for r in g}) > 1}
     out = {}
     for groups in _group_by(list(per_seed.values()), axes, first=True).values():   # then over seeds
-        vals = [pick(_number(r[y]) for r in g) for g in groups]
+        vals = [_chosen(g, y, pick) for g in groups]
+        _, lo, hi = mean_ci(vals, bounds=(0.0, 1.0) if "accuracy" in y or y == "test_at_best_val" else None)
         out[tuple(groups[0][0].get(a) for a in axes)] = {
             "mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
-            "min": min(vals), "max": max(vals), "seeds": len(vals), "trials": sum(map(len, groups))}
+            "min": min(vals), "max": max(vals), "ci_low": lo, "ci_high": hi, "seeds": len(vals),
+            "trials": sum(map(len, groups))}
     return out, sorted(tuned)
+
+
+def _band(s: dict, spread: str) -> tuple[float, float]:
+    """The band drawn around a point: over seeds min..max, mean ± sd, or the mean's 95% interval (the point alone
+    while one seed gives none)."""
+    if spread == "minmax":
+        return s["min"], s["max"]
+    if spread == "std":
+        return s["mean"] - s["std"], s["mean"] + s["std"]
+    lo, hi = s["ci_low"], s["ci_high"]
+    return (s["mean"], s["mean"]) if lo != lo else (lo, hi)
+
+
+def _chosen(group: list[dict], y: str, pick) -> float:
+    """A seed's value over its tuned trials: at the trial chosen on val for the test accuracy at the val-chosen step
+    (the verdicts' reading), else the best of ``y``."""
+    if y == "test_at_best_val":
+        return _number(max(group, key=lambda r: _number(r.get("best_val_accuracy")) or 0.0)[y])
+    return pick(_number(r[y]) for r in group)
 
 
 def _group_by(items: list, keys: list[str], first: bool = False) -> dict[tuple, list]:
@@ -167,8 +191,8 @@ def plot_sweep(sweep_dir, x: str, y: str = "test/accuracy", hue: str | None = No
     None = for a learning rate and for numbers spanning a factor of 8 or more."""
     import matplotlib.pyplot as plt
 
-    if spread not in ("minmax", "std"):
-        raise ValueError(f"spread: must be minmax or std, got {spread!r}")
+    if spread not in ("minmax", "std", "ci"):
+        raise ValueError(f"spread: must be minmax, std or ci, got {spread!r}")
     if heatmap and hue:
         raise ValueError("hue: a heatmap has no lines; use --col or --where to split it")
     rows, source = load_rows(sweep_dir)
@@ -252,8 +276,8 @@ def draw(points: dict, axes: list[str], x: str, ycol: str, tuned: list[str], *, 
                 if not line:
                     continue
                 m = np.array([s["mean"] for _, s in line])
-                lo = np.array([s["min"] if spread == "minmax" else s["mean"] - s["std"] for _, s in line])
-                hi_ = np.array([s["max"] if spread == "minmax" else s["mean"] + s["std"] for _, s in line])
+                lo = np.array([_band(s, spread)[0] for _, s in line])
+                hi_ = np.array([_band(s, spread)[1] for _, s in line])
                 label = str(hv) if hue else None
                 color = f"C{j % 10}"    # by the value's place among all panels' values: one colour per value
                 if numeric_x:
@@ -282,8 +306,10 @@ def draw(points: dict, axes: list[str], x: str, ycol: str, tuned: list[str], *, 
         ax.set_xlabel(x)
         if col:
             ax.set_title(f"{col} = {pv}", fontsize=9)
-    band = "min..max" if spread == "minmax" else "±1 std"
-    suptitle(fig, f"{ycol}: best over {', '.join(tuned) or 'trials'} per seed; mean"
+    band = {"minmax": "min..max", "std": "±1 std", "ci": "95% t interval"}[spread]
+    per_seed = (f"test accuracy at the {', '.join(tuned) or 'trial'} and step chosen on val" if ycol == "test_at_best_val"
+                else f"{ycol}: best over {', '.join(tuned) or 'trials'}")
+    suptitle(fig, f"{per_seed} per seed; mean"
              + ("" if heatmap else f" and {band}") + " over seeds", fontsize=9)
     fig.tight_layout()
     return fig

@@ -51,7 +51,7 @@ class RunResult:
     state_size: int | None = None               # recurrent state elements (attention: its key/value cache)
     device: str | None = None
     # provenance
-    commit: str | None = None                   # the sandbox checkout's git commit (None outside a checkout)
+    commit: str | None = None                   # the checkout's git commit, "-dirty" if changed (None outside one)
     torch: str | None = None
     triton: str | None = None
     gpu: str | None = None                      # the GPU's name (None on the CPU)
@@ -94,8 +94,9 @@ def provenance(device) -> dict[str, Any]:
 @functools.lru_cache(maxsize=1)
 def _commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
-                             text=True, timeout=10)
+        # "-dirty" where the code differs from its commit: a copy of a working tree names the commit it started from
+        out = subprocess.run(["git", "describe", "--always", "--abbrev=40", "--dirty"],
+                             cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None

@@ -92,6 +92,18 @@ def runs_of(path) -> list[Path]:
     return runs or [d]
 
 
+def protocols(runs: list[Path]) -> list[list[Path]]:
+    """Runs grouped by protocol: one study name and one base config. Runs of one protocol (its parts, or a rerun
+    with more seeds) pool as one table, in the order given (a seed found in two keeps the first one's); runs of
+    different protocols (a pilot, a variant without conv) are judged apart."""
+    groups: dict[str, list[Path]] = {}
+    for r in runs:
+        spec = yaml.safe_load((r / "sweep.yaml").read_text()) if (r / "sweep.yaml").is_file() else {}
+        key = json.dumps([spec.get("name"), spec.get("base")], sort_keys=True, default=str)
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
+
+
 def verdicts(*sweep_dirs, figure=None) -> list[Claim]:
     return judge(*sweep_dirs, figure=figure)[1]
 
@@ -105,15 +117,16 @@ def judge(*sweep_dirs, figure=None) -> tuple[Control | None, list[Claim]]:
 
 
 def report(*paths, figure=None, plan: bool = False, power: float = 0.8) -> str:
-    """What ``sandbox verdict`` prints: per run (a figure folder with several runs judges each alone), the control
+    """What ``sandbox verdict`` prints: per protocol (a figure folder's runs pool where they are runs of one protocol,
+    ``protocols``, and are judged apart otherwise), the control
     and each claim with its rule, cells, effects, intervals and verdict; with ``plan``, the seeds each comparison
     needs at ``power`` from the run's spreads as a pilot."""
     runs = runs_of(paths[0]) if len(paths) == 1 else [Path(p) for p in paths]
-    groups = [[r] for r in runs] if len(paths) == 1 and len(runs) > 1 else [runs]
+    groups = protocols(runs) if len(paths) == 1 and len(runs) > 1 else [runs]
     out = []
     for group in groups:
         control, claims = judge(*group, figure=figure)
-        parts = [f"## {group[0].name}"] if len(groups) > 1 else []
+        parts = [f"## {' + '.join(r.name for r in group)}"] if len(groups) > 1 else []
         if plan:
             parts += [c.plan_markdown(power) for c in claims]
             parts.append(f"Seeds per cell for a {power:.0%} chance that the rule holds when the true effect is the "
