@@ -30,8 +30,9 @@ MATRIX = [
     "64 128 0 0 0 strong 8 320", "128 256 0 0 0 diag 4 320", "128 128 0 0 0 vstrong 8 320", "20 40 0 0 0 strong 4 200",
     # heads of 16 values (sla_heads at 16 heads: K 8 padded to 16, V 16), launched with 2 warps: each decay path
     "8 16 0 0 0 weak 8 320", "8 16 0 0 0 strong 8 320", "16 16 0 0 0 vstrong 8 320", "64 16 0 0 0 strong 8 320",
-    # forced to 4 warps: an out-of-range shared read on the H200 (Triton 3.6) with a decay past exp(40), sessions
-    # 51-52 (and with one or three pipeline stages); K = V = 32 and 64 at 4 warps (one K and one V tile, as GSA's)
+    # forced to 4 warps: an out-of-range shared read on the H200 (Triton 3.6) with a decay past exp(40), before
+    # 8a0b280 (2026-11-26; with one or three pipeline stages alike); K = V = 32 and 64 at 4 warps (one K and one V
+    # tile, as GSA's)
     "8 16 0 0 4 strong 8 320", "16 16 0 0 4 vstrong 8 320", "32 32 0 0 0 vstrong 8 320", "64 64 0 0 0 vstrong 8 320",
 ]
 

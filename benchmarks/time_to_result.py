@@ -19,7 +19,7 @@ OUT/compile_rule.json, the format of results/throughput/compile_rule.json (copy 
 
 Python's bytecode of both codes is compiled first (not timed). Measurements accumulate in OUT/time_to_result.json:
 a rerun into the same OUT, or one given earlier files (``--resume``), skips what they hold, so a long list can be
-measured over several calls (``--time-limit`` starts nothing that would end past it, judged by the longest
+measured over several runs (``--time-limit`` starts nothing that would end past it, judged by the longest
 measurement so far; a warm run whose cold run was on another machine repeats that cold run first).
 OUT/time_to_result.md holds the tables. The runs themselves go to /tmp.
 """

@@ -134,7 +134,7 @@ def test_grid_two_workers_every_point_once_and_resume_is_a_no_op(tmp_path):
 
 
 def test_a_sweep_directory_moved_from_another_machine_resumes_its_running_trials(tmp_path):
-    # a journal holds a trial RUNNING on a machine that is gone (a GPU lease taken back, the
+    # a journal holds a trial RUNNING on a machine that is gone (shut down or lost, its sweep
     # directory copied here): the launcher adopts it instead of waiting for it forever
     from sandbox.sweep.study import enqueue_points, load_study, prepare_study
     path = write(tmp_path, """\

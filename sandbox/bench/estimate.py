@@ -9,10 +9,10 @@ the runner's second worker under MPS overlaps start-ups and fills what a small s
 set-up is timed both from cold compile caches and with warm ones (a second group of the kind in the same process,
 its compilations dropped: what torch's on-disk caches give), and a second figure charges a kind's later stacks the
 warm set-up (``minutes_with_warm_caches``), as a sweep's workers find the first stack's compilation in the caches.
-A sweep with more kinds than fit in one sitting is timed over several: ``--time-limit SECONDS`` stops before a kind
-that would not fit, and a later call given the earlier calls' estimate.json files (``--timed JSON...``) times only
-the kinds they lack and estimates from all the rows; ``--kinds NAMES`` times only the named kinds.
-With ``--ref`` each kind's stack is also trained by the other code in the same call: its ms per stacked step,
+A sweep with many kinds can be timed over several runs: ``--time-limit SECONDS`` stops before a kind that would
+not fit, and a later run given the earlier runs' estimate.json files (``--timed JSON...``) times only the kinds
+they lack and estimates from all the rows; ``--kinds NAMES`` times only the named kinds.
+With ``--ref`` each kind's stack is also trained by the other code in the same run: its ms per stacked step,
 the speed-up and the loss gap go beside this code's (the estimate stays this code's); ``--profile`` lists each
 kind's stacked step by kernel.
 """
@@ -91,10 +91,10 @@ def estimate_sweep(path: str, steps: int, out: Path, only: list[str] | None = No
                    timed: list[str] | None = None, ref: Path | None = None, profile: bool = False,
                    time_limit: float | None = None) -> int:
     """Time one stack of each kind of ``path``'s trials (or of the kinds named in ``only``); print and write
-    the estimated GPU-minutes of the sweep (of those kinds). ``timed``: estimate.json files of earlier calls, whose
+    the estimated GPU-minutes of the sweep (of those kinds). ``timed``: estimate.json files of earlier runs, whose
     rows join this estimate and whose kinds are not timed again (without a GPU the others are listed as not timed).
     ``time_limit``: start no kind once the seconds spent and the longest kind so far would pass it; the kinds left
-    are listed as not timed, for a later call with this one's estimate.json in ``timed``."""
+    are listed as not timed, for a later run with this one's estimate.json in ``timed``."""
     kinds = sweep_kinds(path)
     names = [k["name"] for k in kinds]
     if only:

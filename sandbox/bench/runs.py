@@ -2,7 +2,7 @@
 version's (``ref_code``: a directory or a commit, checked out as a git worktree), and what it measured: steady
 ms per step, the seconds outside the steady steps, peak memory, the losses, and with ``--profile`` the GPU time
 of each kernel. ``sandbox bench train`` (the yardstick, ``train.py``) and its sweep estimate (``estimate.py``) run
-every timing through here, so both versions of a comparison run the same way, side by side in one call.
+every timing through here, so both versions of a comparison run the same way, side by side in one run.
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ each from an empty directory and empty compile caches on the same GPU. At the en
 (its trials checkpoint and write ``result.json``), and the yardstick is the trial-steps done per
 second of the window: the sum over the trials of the steps each trained. Both runners take the grid
 in the same order, so a faster runner also reaches the larger (slower) grid points sooner: the two
-windows hold different mixes of the grid, and the ratio is not the one over the whole sweep (on the
-Figure 8 slice the window gave 4.66x and the whole sweep an estimated 4.5x, results/throughput/).
+windows hold different mixes of the grid, and the ratio is not the one over the whole sweep (the two
+for the Figure 8 slice: results/throughput/README.md).
 A window longer than the sweep ends with its last trial. Per grid point it also lists the best accuracy of
 the trials that finished in both windows.
 """

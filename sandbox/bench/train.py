@@ -2,7 +2,7 @@
 
 A fixed set of reference configurations (the papers' settings, batch 256), each trained for a few
 hundred steps in a process of its own (``step_worker.py``), by this checkout and, with ``--ref``,
-by another commit's code in the same call, so every speed claim is a ratio measured side by side.
+by another commit's code in the same run, so every speed claim is a ratio measured side by side.
 For each configuration: ms/step and tokens/s at steady state, the task generator's share of the
 step (``gen %``: drawing the batches on their own, host time included; with ``--profile`` also
 ``gen GPU %``: the GPU time its kernels add to each step, which is what a step pays while the host

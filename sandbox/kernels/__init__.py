@@ -82,9 +82,9 @@ MIN_HEAD_DIM = 16  # tl.dot's smallest operand side
 def _triton(q, k, v, g, beta, **kwargs):
     """The Triton kernels, with head dims under 16 zero-padded to 16 and the outputs cut back: a key row
     with q = k = 0 (and log-decay 0) keeps a zero state row and adds nothing to o, a zero value column
-    gives a zero output column, so the result is exact.  (Tiles narrower than 16 crashed on the H200, on
-    a 1-wide value pass; GLA with 16 heads at d_model 256 has 8 key rows, which used to fall back to the
-    chunked torch form at 1/13 of the speed.)"""
+    gives a zero output column, so the result is exact.  (Tiles narrower than 16 crashed, on a 1-wide value
+    pass; GLA with 16 heads at d_model 256 has 8 key rows, which used to fall back to the far slower chunked
+    torch form: results/throughput/README.md.)"""
     import torch.nn.functional as F
 
     # tl.dot needs both operands in one dtype: cast once here, autograd casts the gradients back

@@ -4,8 +4,8 @@ The weight gradient of a lookup is a scatter-add of the output gradient's rows i
 GPU that is one atomic add per token and column, and MQAR inputs repeat one token most of the time
 (the filler 0 takes 60-90% of the positions): tens of thousands of adds queue on the same row.
 torch.compile's code for it (fused with the first norm's backward) was the costliest kernel of the
-SSE Figure 8 step (0.19 of 2.0 ms on the H200, results/throughput/profile.txt), and atomic adds
-finish in no fixed order, so the same run could give other bits each time.
+SSE Figure 8 step (results/throughput/README.md, "The embedding backward"), and atomic adds finish in
+no fixed order, so the same run could give other bits each time.
 
 Here the ids are sorted, tiles of BT sorted positions sum each token's rows with one small matrix
 product, and each table row then adds its token's tile sums in tile order (``triton_embedding.py``):

@@ -4,20 +4,16 @@ partial products, one per run of tokens.
 A linear layer's weight gradient ``g^T x`` reduces over every token of the batch (81,920 per replica in the Figure 8
 slice: batch 256 x 320 tokens) into an [out, in] matrix that is small at the sandbox's widths. For a stack of R
 replicas it is a batched product, which cuBLAS tiles over the output only: a small output is few tiles, each walking
-all the tokens on one SM. On the H200, a stack of 3 took about 0.12 ms per weight gradient from d_model 64 to 256,
-whatever its size, at 17-440 TFLOP/s (``benchmarks/stacked_matmul_speed.py``, results/throughput/stacked_matmul.txt).
-Cut into S = 8 runs, batched over them and summed in float32, the same gradients took 0.045-0.22 ms; from [512, 512]
-on it made no difference.
+all the tokens on one SM, so the GPU sits mostly idle. Cut into S runs of tokens, batched over them and summed in
+float32, the same gradient fills the GPU; from [512, 512] on the output alone has tiles enough
+(results/throughput/README.md, "Stacked replicas" and "What made it faster").
 
 Why a custom op: written as torch ops (the product batched over runs against the weight broadcast S times, whose
-backward is that sum), Inductor copied the activations into the batched layout, forward and backward, and the
-stacked step was 0.94x as fast at d_model 256 (1.10x at 64) although its products took 0.56 ms less. An opaque op
-takes x and w as they are, and its backward is a second one. The replicas (``vmap``) fold into the op's groups, each
-with its own weight; under ``torch.compile`` the op keeps its backward there (an ``autograd.Function`` would not:
-pytorch/pytorch#129845). A single run keeps ``F.linear``: through the op its steps were 0.96-0.98x as fast.
-
-Against the code before, same calls (results/throughput/stacked_linear.txt): the Figure 8 slice's stacks of 3 at
-d_model 64 1.16-1.19x, 128 1.05-1.07x, 256 1.04x, 512 1.00x; the grid's stacks of 9 1.005-1.009x.
+backward is that sum), Inductor copied the activations into the batched layout, forward and backward, which at
+d_model 256 cost more than the faster products saved (results/throughput/README.md, "Tried and dropped"). An opaque
+op takes x and w as they are, and its backward is a second one. The replicas (``vmap``) fold into the op's groups,
+each with its own weight; under ``torch.compile`` the op keeps its backward there (an ``autograd.Function`` would
+not: pytorch/pytorch#129845). A single run keeps ``F.linear``, which is faster there.
 """
 from __future__ import annotations
 

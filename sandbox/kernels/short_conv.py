@@ -5,10 +5,9 @@ sequence starts), summed in float32 (float64 for float64 inputs) and returned in
 
 Why an op of its own: traced by torch.compile, the shifted multiply-adds became a padded float32 copy of x, a
 float32 pre-activation saved for the backward, and a backward that recomputed the gradients of the pieces cut
-from the output (q, k, v: masked, every piece at every column) at each of the W shifts. With stacked replicas,
-on the H200, those kernels took 8.1 of the 29.9 ms of a stack of 9 Figure 8 GLA runs (conv 4, d_model 128,
-T 320); the op's kernels take 2.1 ms there, and the stack steps 1.14x faster (results/throughput/short_conv.md).
-(Eagerly, cuDNN's depthwise ``conv1d`` was no better: 1.15 ms of GSA's 7.6 ms step.)
+from the output (q, k, v: masked, every piece at every column) at each of the W shifts: with stacked replicas
+over a quarter of the step (results/throughput/short_conv.md). Eagerly, cuDNN's depthwise ``conv1d`` was no
+better.
 
 So the convolution is a torch custom op: opaque to torch.compile, with its own backward and a vmap rule that
 folds stacked replicas into the batch, each with its own weights. An ``autograd.Function`` would not do:

@@ -7,13 +7,11 @@ that split concatenates the pieces' gradients for the two products (``dx = g W``
 of the whole width, the backward arithmetic of every piece (feature maps, gates, norms, the convolution),
 masked to the piece its column falls in. Here the concatenation is an opaque op (``sandbox::cat_columns``),
 so each piece's gradient is made by its own fused kernel, and the op copies the pieces side by side.
-Measured on the H200 against the code before, in one call (results/throughput/bench_split_linear.json):
-Gated DeltaNet d128 T256 1.11x (5.976 -> 5.368 ms), the Figure 8 GLA and GLA conv 4 1.05x, GSA, SSE and
-GLA top-8 0.99x. Products per piece instead of a concatenation were slower at GLA (bench_projection_variants.txt).
+Products per piece instead of a concatenation were slower at GLA (results/throughput/README.md).
 
 Since the compiled step lowers every concatenation as a ConcatKernel (``sandbox/train/step.py``), Inductor's
-own concatenation also writes each piece in place; against that, this op measured the Figure 8 GLA 1.015x
-faster and Gated DeltaNet 1.014x slower (results/throughput/bench_concat.json), so it stays. It reaches
+own concatenation also writes each piece in place; against that, this op is faster at GLA and slower at Gated
+DeltaNet by about the same small margin (results/throughput/README.md), so it stays. It reaches
 single runs only: under ``vmap`` (stacked replicas), torch.compile inlines an ``autograd.Function``'s forward
 and differentiates that, ignoring its backward (pytorch/pytorch#129845); stacks get the ConcatKernel, and the
 product of ``linear`` (``linear.py``), whose weight gradient is summed over runs of tokens.

@@ -3,15 +3,13 @@
 Entry i is chosen when fewer than k entries beat it, an entry beating i when it is larger, or equal and
 earlier. So exactly k are chosen per row, ties going to the earlier entry. No gradient flows through it.
 
-Why an op of its own. ``torch.topk`` on rows this short (GLA's 32 key rows, GSA's 64 slots) sorts each row:
-6.0 of the 30.2 ms of a stack of 9 Figure 8 GLA top-8 runs on the H200. The same count written as torch
-comparisons compiled into one reduction, but Inductor then inlines whatever computed x into it and redoes that
-for every pair: for GSA's slots (their logits come out of the gate's log-sigmoid) two such kernels took 16.4 ms.
-As a custom op, x is computed once, and on CUDA the Triton kernel of ``triton_topk_mask.py`` finds each row's
-k-th largest entry by radix selection in registers (0.75 ms for 1.47M rows of 64 fp32 on the H200, against
-1.75 ms for an earlier kernel that counted the pairs and 5.0 ms for ``torch.topk``). Elsewhere, and for float64,
-the torch form below counts the pairs (it holds a [rows, c, c] bool). Rows fold: under ``vmap`` a stack's
-replicas are more rows.
+Why an op of its own. ``torch.topk`` on rows this short (GLA's 32 key rows, GSA's 64 slots) sorts each row, a
+fifth of a stacked GLA top-8 step. The same count written as torch comparisons compiled into one reduction, but
+Inductor then inlines whatever computed x into it and redoes that for every pair (costly for GSA's slots, whose
+logits come out of the gate's log-sigmoid). As a custom op, x is computed once, and on CUDA the Triton kernel of
+``triton_topk_mask.py`` finds each row's k-th largest entry by radix selection in registers, faster than both
+counting the pairs and ``torch.topk`` (results/throughput/README.md). Elsewhere, and for float64, the torch form
+below counts the pairs (it holds a [rows, c, c] bool). Rows fold: under ``vmap`` a stack's replicas are more rows.
 """
 from __future__ import annotations
 

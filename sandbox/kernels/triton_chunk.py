@@ -197,12 +197,11 @@ def _fwd_o(qg, v, A, hs, o, cidx, T, scale, SQ, SV, H, K: tl.constexpr, V: tl.co
 
 def a_dtype(q, v) -> torch.dtype:
     """The dtype A is stored in. Every product that reads A casts it to the value dtype first (o = A v in the
-    forward, dv = A^T dO in the backward), so storing it rounded gives the same bits and half the bytes (bf16:
-    12.6 MB instead of 25 MB per layer of the Figure 8 step, written once and read twice). float32 where q
-    and v differ in dtype (the backward casts dO to q's), and where the backward's V tile is under 32: with
-    a bf16 A there, the check at K 128, V 16 hit an illegal memory access on the H200 (Triton 3.6, session
-    40's kernel checks, ``checks_b4f4797.txt`` in git history; the kernel was not isolated), and an earlier
-    backward had read a bf16 A wrongly at that shape; V tiles of 32 and 64 pass every check."""
+    forward, dv = A^T dO in the backward), so storing it rounded gives the same bits and half the bytes
+    (A is written once and read twice). float32 where q and v differ in dtype (the backward casts dO to q's),
+    and where the backward's V tile is under 32: with a bf16 A there, the check at K 128, V 16 hit an illegal
+    memory access (Triton 3.6, b4f4797; the kernel was not isolated), and an earlier backward had read a bf16
+    A wrongly at that shape; V tiles of 32 and 64 pass every check (docs/kernels.md, "Tried and dropped")."""
     same = v.dtype == q.dtype
     return v.dtype if same and _bwd_tiles(q.shape[-1], v.shape[-1])[1] >= 32 else torch.float32
 
@@ -230,11 +229,10 @@ def _fwd(q, k, v, g, scale, h0, output_final_state, cu_seqlens):
     A = torch.empty(TT, H, BT, device=q.device, dtype=a_dtype(q, v))
     _fwd_intra[(NC, H)](q, k, gc, A, cidx, T, scale, row_stride(q), row_stride(k), H, K=K, GATE=gate,
                         IS_VARLEN=varlen, BT=BT, BC=BC, BK=_intra_bk(K), LIM=diag_block_limit(q.dtype), num_warps=4,
-                        num_stages=1)  # H200: 0.085 against 0.148 ms with 3 stages at (64,512,2,256)
+                        num_stages=1)  # one stage: faster than three (results/kernels/README.md)
     hs, ht = run_states(kg, v, gc, gate, h0, output_final_state, geo, 1.0, False)
-    # 4 warps where a program's state is one K tile: H200, per call, 0.022 -> 0.016 ms at the Figure 8 GLA
-    # (B 256, T 192, H 2, K 32, V 64), 0.267 -> 0.221 at a stack of 9 (B 2304, T 320), 0.298 -> 0.269 at K = V = 64
-    # (benchmarks/gla_profile.py --warps "fwd_o=8,4")
+    # 4 warps where a program's state is one K tile (K <= 64), 8 for more: the faster at each
+    # (results/kernels/README.md; benchmarks/gla_profile.py --warps "fwd_o=8,4")
     o = torch.empty(TT, H, V, device=q.device, dtype=q.dtype)
     bk, bv = _par_tiles(K, V)
     nv = triton.cdiv(V, bv)

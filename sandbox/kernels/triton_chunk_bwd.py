@@ -20,7 +20,7 @@ Kernels (gc, qg, kg, A and the chunk-start states S_c come from the forward):
                    one, the K-tile program of 3. forms it (the dO and v tiles it needs are loaded there).
   3. ``_bwd_chunk`` (parallel over chunks x (NK + NV) tiles): dq, dk and dg of one K tile, or dv of one
                    V tile; intra and inter parts together, written in the input dtype.  (Separate dq and
-                   dk programs measured slower on the H200: 0.81 against 0.72 ms at (64,512,2,256).)
+                   dk programs were slower: docs/kernels.md, "Tried and dropped".)
 """
 from __future__ import annotations
 

@@ -142,7 +142,7 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
     """``x`` [B, T, H, D] as the kernels read it: in place where row (b, t) starts ``b * T + t`` row strides in
     and holds its H x D values contiguously (a column slice of a [B, T, W] projection output, which a split
     projection hands the mixer), else a contiguous copy.  Reading the slice in place saves the copy of q, k
-    and v that each call made before: 3 of the Figure 8 step's kernels per layer (0.021 ms on the H200)."""
+    and v that each call made before: 3 of the Figure 8 step's kernels per layer."""
     B, T, H, D = x.shape
     rs = row_stride(x)
     if ((x.stride(3) == 1 or D == 1) and (x.stride(2) == D or H == 1) and rs >= H * D
@@ -178,30 +178,25 @@ def _par_tiles(K: int, V: int):
 
 def _bwd_tiles(K: int, V: int):
     """K and V tiles of the backward gradient kernel (launched with ``_bwd_warps``): the state tiles, with the V
-    tile never wider than the K tile.  H200, (64,512,2,256): 0.47 ms with 4 warps against 0.51 with 8.
+    tile never wider than the K tile.
 
-    Issue 21: with bf16 inputs, Triton 3.6 on Hopper miscompiles ``_bwd_chunk`` with BV > BK (seen on an
-    H100; the issue's NaN was on an H200 with the same Triton).  compute-sanitizer reports an out-of-range
-    shared-memory address in the K-tile branch (the ``qe`` line of the one-product intra part); dq and dg
-    come out wrong (relative error 0.6-1.6), NaN or +-3e38, or the launch faults with an illegal address;
-    dk, dv, fp32 inputs and the interpreter are right.  GLA's K is V / 2, so every GLA head with K < 64 had
-    BV > BK: (16, 32) at d_model 64 with 2 heads gave a NaN loss in the first steps, and (32, 64) at
-    d_model 128 trained on a dq off by 70%.  The 32 x 64 tiles that failed the strong-decay check at
-    K = V = 128 (2026-11-21, aa11825) were the same case.  On an H100: 16 x 32, 16 x 64 and 32 x 64 failed;
-    16 x 16, 32 x 32, 64 x 64, 32 x 16 and 64 x 32 passed (benchmarks/gla_bwd_tiles.py reruns the matrix;
-    tests/test_gla_small_heads.py checks the GLA head shapes on a GPU)."""
+    Issue 21: with bf16 inputs, Triton 3.6 on Hopper miscompiles ``_bwd_chunk`` with BV > BK: compute-sanitizer
+    reports an out-of-range shared-memory address in the K-tile branch (the ``qe`` line of the one-product intra
+    part), and dq and dg come out wrong, NaN, or the launch faults; dk, dv, fp32 inputs and the interpreter are
+    right.  GLA's K is V / 2, so every GLA head with K < 64 had BV > BK and trained on a wrong dq, or diverged.
+    Every tile pair with BV <= BK passed (docs/kernels.md; benchmarks/gla_bwd_tiles.py reruns the matrix after a
+    Triton upgrade, tests/test_gla_small_heads.py checks the GLA head shapes on a GPU)."""
     bk, bv = _par_tiles(K, V)
     return bk, min(bv, bk)
 
 
 def _bwd_warps(K: int, V: int) -> int:
-    """Warps of the backward gradient kernel: 4 (the fastest measured), but 2 for heads of at most 16 values
-    with one K tile (16-wide V tile, K <= 64).  With 4 warps there, bf16 inputs and the diagonal gate,
-    Triton 3.6 on the H200 reads shared memory out of range whenever a chunk decays past exp(LIM) (the
-    column-block intra part: compute-sanitizer names the ``ke`` line of ``_intra_dq``): "illegal memory
-    access" at K 8 to 64 with V 16 (GLA at d_model 256 with 16 heads, as in SLA Figure 2); K 128 (two K tiles),
-    V 32, fp32 inputs and the scalar gate are right.  2 and 8 warps are right there; 2 costs 1.09x the
-    4-warp time at a weak decay (B 8192, T 320, K = V = 16), 8 costs 1.6x (``results/throughput/v16_warps.txt``)."""
+    """Warps of the backward gradient kernel: 4 (the fastest, results/kernels/README.md), but 2 for heads of at
+    most 16 values with one K tile (16-wide V tile, K <= 64).  With 4 warps there, bf16 inputs and the diagonal
+    gate, Triton 3.6 on the H200 reads shared memory out of range whenever a chunk decays past exp(LIM) (the
+    column-block intra part: compute-sanitizer names the ``ke`` line of ``_intra_dq``), as GLA at d_model 256
+    with 16 heads does (SLA Figure 2).  2 and 8 warps are right there, and 2 is the faster of them
+    (docs/kernels.md, results/throughput/v16_warps.txt)."""
     return 2 if V <= 16 and K <= 64 else 4
 
 

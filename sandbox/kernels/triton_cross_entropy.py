@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-# on the H200 at 9 x 256 x 16 rows of 8192 logits: 0.170 ms (8 warps 0.189, 16: 0.226; benchmarks/loss_speed.py)
+# a whole row of the sandbox's 8192-token vocabulary per load, on 4 warps: the fastest of 4, 8 and 16
+# (results/kernels/README.md; benchmarks/loss_speed.py)
 BV, WARPS = 8192, 4
 
 

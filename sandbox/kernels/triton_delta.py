@@ -191,7 +191,7 @@ def _unit_lower_inv(a, t, C: tl.constexpr):
 
 
 # The WY representation's triangular solve as the inverse of (I + A) (then one matrix product): cuBLAS's
-# batched triangular solve (forward and backward) took 2.45 of a Gated DeltaNet d128 step's 9.9 ms on the H200.
+# batched triangular solve (forward and backward) was a quarter of a Gated DeltaNet step (results/throughput/).
 @torch.library.custom_op("sandbox::unit_lower_inverse", mutates_args=())
 def unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
     """``(I + a)^-1`` for ``a [..., C, C]`` fp32, strictly lower triangular (what is above its diagonal is
@@ -291,7 +291,7 @@ def _scan_bwd(qg, kl, w, aqk, el, hs, vn, do, dht, co, N, need_dh0):
     f32, dt = torch.float32, qg.dtype
     # one V tile (V <= BV): the kernel writes the gradients in the operands' dtype and nothing is summed or cast
     # after it; several V tiles write fp32 partials, one per tile, summed below (Gated DeltaNet d128 in two
-    # tiles of 64 paid 10 reductions and 10 casts for them, 0.52 of its 7.3 ms step on the H200)
+    # tiles of 64 paid 10 reductions and 10 casts for them: results/throughput/README.md)
     pt = dt if NV == 1 else f32
     dvn = torch.empty(NC, H, C, V, device=dev, dtype=dt)
     dqg = torch.empty(NV, NC, H, C, K, device=dev, dtype=pt)

@@ -1,7 +1,7 @@
 """``embedding.py``'s lookup, and its weight gradient as two Triton kernels with no atomic adds.
 
 ``_lookup``: each program copies the table rows of BT ids, BD columns at a time. (torch's gather kernel wrote
-the float32 rows of a stack of 9 Figure 8 runs at about 0.85 TB/s on the H200: 0.45 ms.)
+the rows well below the GPU's copy bandwidth: results/throughput/README.md.)
 
 Adding tiles' sums into the table with atomics made the result depend on the order the tiles
 finished, so the same run trained twice on a GPU gave different bits, and at the edge of learning
@@ -14,7 +14,7 @@ fixed:
 2. ``_tile_sums``: each program takes BT sorted positions and BD columns, sums each token's rows
    inside the tile with a segmented scan down the rows (a tree of adds of log2(BT) levels; the
    ``[tok_i == tok_j] @ grad`` product it replaces made BT times the adds, in fp32 off the tensor
-   cores: 0.030 ms of the Figure 8 step on the H200) and stores the sum at the run's last position
+   cores) and stores the sum at the run's last position
    in the tile. The programs of the first column block also write where each token's run starts
    and ends (one writer per token, so no search over the sorted ids);
 3. ``_row_sums``: each program takes one table row and BD columns and adds its token's tile sums in
@@ -108,7 +108,7 @@ def embedding_grad_triton(ids: torch.Tensor, grad: torch.Tensor, num_rows: int) 
     ids, perm = torch.sort(ids.to(key), stable=True)
     bounds = torch.zeros(2, num_rows, dtype=torch.int32, device=grad.device)
     part = torch.empty(N, D, dtype=torch.float32, device=grad.device)
-    # 8 warps: 0.44 ms against 0.70 with 4 at a stack of 9 Figure 8 runs on the H200 (benchmarks/embedding_speed.py)
+    # 8 warps: faster than 4 (results/kernels/README.md; benchmarks/embedding_speed.py)
     _tile_sums[(triton.cdiv(N, BT), triton.cdiv(D, BD))](ids, perm, grad.contiguous(), part, bounds, N, D, num_rows,
                                                           BT=BT, BD=BD, num_warps=8)
     _row_sums[(num_rows, triton.cdiv(D, BD))](part, bounds, out, D, num_rows, BT=BT, BD=BD, BLK=BLK)

@@ -21,10 +21,10 @@ from cache. It holds one tile per tap, for 4 taps: shorter filters get leading z
 The output, and so its gradient, comes as up to three dense pieces of columns (a linear mixer's q, k and v,
 ``short_conv.py`` says why): each program finds, per column, its piece's base and row stride (``_columns``).
 
-Before, da went to memory in x's dtype and a second kernel formed dx from it: on the H200 at a stack
-of 9 Figure 8 runs, 0.79 ms per call against 0.57 now (benchmarks/short_conv_speed.py). dx is as precise
-as before (da is rounded to x's dtype on its way through the ring, as it was in memory; the bits differ
-only where the compiler fuses multiply-adds differently).
+Before, da went to memory in x's dtype and a second kernel formed dx from it, which was slower
+(results/kernels/README.md; benchmarks/short_conv_speed.py). dx is as precise as before (da is rounded to
+x's dtype on its way through the ring, as it was in memory; the bits differ only where the compiler fuses
+multiply-adds differently).
 """
 from __future__ import annotations
 
@@ -33,8 +33,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-# tiles measured on the H200 at a stack of 9 Figure 8 runs (x [2304, 320, 256] bf16): forward 0.31 ms per call
-# (0.38 with 64 x 64 tiles); backward 0.57 (16 positions: 0.72, 32: 0.66; 32 or 128 channels, 2 or 8 warps: slower)
+# the fastest tiles and warps timed at a stack of 9 Figure 8 runs (results/kernels/README.md)
 BT, BC = 16, 128                       # forward: a tile each
 BT_BWD, BC_BWD, WARPS_BWD = 8, 64, 4   # backward: a channel block each, walking the sequence
 TAPS = 4                               # the backward holds one tile per tap; shorter filters get leading zero taps

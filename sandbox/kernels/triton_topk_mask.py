@@ -6,8 +6,8 @@ from the top: a bit stays set when at least k keys are at or above the candidate
 16 for 16-bit floats, whatever c; a row stops once exactly k keys are at or above its candidate). The keys above t are chosen, and of those equal to t the earliest, as many as places are left (a running
 count along the row). It reads the rows once and writes one byte per entry.
 
-A first version counted, for each entry, the entries beating it (c^2 comparisons per row): 1.75 ms per call at
-a stack of 9 GSA runs (64 slots) on the H200.
+A first version counted, for each entry, the entries beating it: c^2 comparisons per row, slower than the
+selection's at most 32 counts (results/throughput/README.md).
 """
 from __future__ import annotations
 
@@ -54,8 +54,7 @@ def _topk_mask(x, out, n_rows, c, k, inner, s_outer, s_inner, BR: tl.constexpr, 
 def _row_strides(x: torch.Tensor):
     """(inner, outer stride, inner stride) that address every row of x [..., c] (entries contiguous) as
     outer * (r // inner) + inner_stride * (r % inner), or None. A slice of a fused projection's output
-    (``[B, T, H, c]`` columns of ``[B, T, width]``) qualifies; copied contiguous, it took 0.12 ms a call at a
-    stack of 9 Figure 8 GLA runs on the H200."""
+    (``[B, T, H, c]`` columns of ``[B, T, width]``) qualifies, and needs no contiguous copy first."""
     if x.stride(-1) != 1 and x.shape[-1] > 1:
         return None
     dims = [(n, st) for n, st in zip(x.shape[:-1], x.stride()[:-1]) if n != 1]

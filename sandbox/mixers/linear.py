@@ -176,9 +176,8 @@ class LinearMixer(Mixer):
         The product's width is padded with zero rows to a multiple of 8, so that each row of its output (and of
         its gradient) starts on a 16-byte boundary in bf16. A scalar gate per head makes the width odd (Gated
         DeltaNet d128: 770), and for rows of 770 cuBLAS fell back to slower, 2-element-aligned CUTLASS kernels
-        for the products that read or write them (about 0.5 ms of the step on the H200); padded to 776 it uses
-        its usual ones, and Gated DeltaNet's step was 1.035x faster (6.94 -> 6.70 ms). The padding's outputs
-        are dropped, so nothing else changes.
+        for the products that read or write them; padded to 776 it uses its usual ones (results/throughput/
+        README.md, "What made it faster"). The padding's outputs are dropped, so nothing else changes.
 
         With a short convolution, its input (the q, k and v columns, which lead the product) is one piece,
         "qkv", so the convolution reads it as it is and its gradient comes back as one tensor. The backward

@@ -27,10 +27,9 @@ import torch
 from sandbox.kernels import linear_recurrence
 
 PARTITION_IMPLS = ("auto", "masking", "varlen")
-# impl "auto" picks varlen only for long sequences over many partitions. Measured on an H200
-# (2-layer SSE, d_model 128, batch 8, k 1; results/sse/step_speed_n*.txt): masking
-# costs ~14.5 + 1.25 n ms/step at T 4096 while varlen stays at ~25-30 ms, so varlen wins from
-# about n = 10 there (n 16: 26.4 vs 34.3 ms) and loses at n 4 (30.1 vs 22.2 ms; at T 512 28.7 vs 17.3).
+# impl "auto" picks varlen only for long sequences over many partitions: masking's step grows with
+# the partitions n while varlen's barely does, so varlen wins from about n = 10 at T 4096 and loses
+# at fewer partitions or shorter sequences (results/sse/README.md, "masking against varlen").
 VARLEN_MIN_LEN = 2048
 VARLEN_MIN_PARTITIONS = 10
 

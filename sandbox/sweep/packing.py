@@ -1,30 +1,27 @@
 """How a sweep fills its GPUs: stacked replicas in a process, and how many processes per GPU.
 
-Measured on an H200 (results/throughput/): at batch 256 one training process keeps the GPU busy
-for every reference configuration from attention d64 T64 upwards, and several plain processes on
-one GPU only time-slice it (8 of them summed about what one alone did). So:
+At batch 256 one training process keeps the GPU busy for every reference configuration from attention
+d64 T64 upwards, and several plain processes on one GPU only time-slice it (results/throughput/README.md,
+results/sweep_packing/README.md). So:
 
 * the trials that differ only in learning rate and seed (a grid point's tuned values, and the same
   point's other seeds) train in one process as stacked replicas (``sandbox.train.train_replicas``):
   one start-up, one compilation, one data pool per seed;
 * under CUDA MPS, which lets processes share the GPU's units instead of taking turns, a GPU starts
   with two worker processes: a worker's start-up for each group (the data pool, compilation and
-  graph capture, mostly host work) leaves the GPU idle, and a 12-trial sweep with one worker kept
-  the GPU 8% busy (results/sweep_packing/), so a second worker trains while the first starts.
-  The launcher adds one more while the GPU's measured utilisation stays low with every worker on it
-  training: a GPU left idle by set-ups (a cold stack's compilation takes 20-25 s) is not underfilled,
-  and a third worker added then slowed the stacks beside it once they trained (the Figure 8 slice made
-  1.05-1.08x with two workers, in both orders, results/sweep_packing/). Without MPS it never packs
-  processes.
+  graph capture, mostly host work) leaves the GPU idle, so a second worker trains while the first
+  starts. The launcher adds one more while the GPU's measured utilisation stays low with every worker
+  on it training: a GPU left idle by set-ups (a cold stack's compilation) is not underfilled, and a
+  third worker added then slowed the stacks beside it once they trained (results/sweep_packing/README.md).
+  Without MPS it never packs processes.
 
 With a time limit (``sandbox sweep --time-limit``) a worker sizes what it takes to what finishes before
 the limit (``fits``), from the pace measured for that kind of stack (``pace_for``): in this launch, or
 from the trials the sweep finished before (their groups' wall time), so that a fresh machine does not
 start blind. Near the end it stacks fewer trials, then none, instead of starting stacks that the limit
-would cut off (on a machine that is given back, their checkpoints are lost with it). Under a limit the
-launcher runs one worker per GPU unless told otherwise: a second one sharing the GPU would slow the
-stacks each sized to the limit (on the H200, three workers' 9-trial stacks ran at a third of the pace
-one alone had, and none finished in its 500 s).
+would cut off (where the machine goes away at the limit, their checkpoints go with it). Under a limit the
+launcher runs one worker per GPU unless told otherwise: another one sharing the GPU would slow the stacks
+each sized to the limit, so that none finishes in time (results/sweep_packing/README.md).
 
 ``MPS`` starts a private MPS control daemon (its own pipe and log directories inside the sweep
 directory, so it touches no other user of the GPU) and stops it when the sweep ends.
@@ -44,8 +41,8 @@ START_WORKERS_PER_GPU = 2     # under MPS
 MAX_WORKERS_PER_GPU = 4
 IDLE_BELOW = 60.0             # % utilisation (nvidia-smi) under which a GPU counts as underfilled
 WINDOW_S = 30.0               # seconds of samples a decision looks at
-# sizing work to a time limit (guesses on the safe side, from the Figure 8 sweep on the H200: a stack's
-# start-up is 5-30 s, and a small stack near the end may not compile, at half the compiled pace)
+# sizing work to a time limit: guesses on the safe side, from the Figure 8 sweep's start-ups, and a small
+# stack near the end may not compile and train at half the compiled pace
 STARTUP_S = 30.0              # seconds a group spends before its first step, at most
 SAFETY = 1.5                  # a group may train this much slower than the pace measured before it
 UNKNOWN_SLOWER = 2.0          # a kind of stack never measured is taken as this much slower than the slowest
@@ -148,8 +145,8 @@ def group_size(spec, cap: int = 12) -> int:
 
 def room_for_one_more(used_mib: float, total_mib: float, workers: int) -> bool:
     """Whether a GPU with ``used_mib`` of ``total_mib`` taken by ``workers`` workers has the memory of another:
-    ``HEADROOM`` times their average free. (Utilisation alone once packed four Figure 8 stacks of 30-70 GB
-    onto an H200, and 27 trials failed out of memory.)"""
+    ``HEADROOM`` times their average free: utilisation alone packed more stacks than the memory held, and
+    their trials failed out of memory (results/sweep_packing/README.md)."""
     return workers == 0 or total_mib - used_mib >= HEADROOM * used_mib / workers
 
 
@@ -183,15 +180,13 @@ def fits(trial_steps: int, rate: float | None, seconds_left: float) -> bool:
 
 def pace_for(key: str, family: str, paces: dict[str, tuple[str, float]]) -> float | None:
     """The pace (trial-steps/s) to size a group of stack ``key`` by, from ``paces`` (stack key -> (family,
-    pace)) measured so far: its own; else the slowest of its family (same mixer, width and length: on
-    the H200 a GSA stack ran at half a GLA stack's pace, and sizing GSA by GLA's pace started stacks the
-    limit then cut off); else the slowest of the same mixer and length at another width, slowed by the
-    ratio of widths where this one is wider; else the same at the longest shorter length measured for that
-    mixer, slowed by the ratio of lengths too; else the slowest of all over ``UNKNOWN_SLOWER``; None where
-    nothing is known. (Figure 8's d64 and d256 columns, sized by the slowest mixer over 2, fit no trial
-    in a 520 s call, although GSA's own d128 pace put one d256 trial at under 300 s; Zoology Figure 2's
-    sequence length 512, sized the same way, started none of its SSE and Gated DeltaNet stacks in a call
-    with half its time left.)"""
+    pace)) measured so far: its own; else the slowest of its family (same mixer, width and length: mixers
+    of one width train at very different paces, and sizing GSA by GLA's started stacks the limit then cut
+    off); else the slowest of the same mixer and length at another width, slowed by the ratio of widths
+    where this one is wider; else the same at the longest shorter length measured for that mixer, slowed by
+    the ratio of lengths too; else the slowest of all over ``UNKNOWN_SLOWER``; None where nothing is known.
+    The slowest of all alone was so far below most kinds' own paces that whole columns of a grid fit no
+    trial (results/sweep_packing/README.md)."""
     if key in paces:
         return paces[key][1]
     kin = [r for f, r in paces.values() if f == family]

@@ -91,8 +91,8 @@ class _Worker:
             first = self._claim_one(lambda t: fits(t, 0))
         if first is None and self.until is not None and not self.claimed:
             # nothing fits at a launch's start: a kind never measured is only a guess (sized from another
-            # width's or mixer's pace, which may be stale), so train one trial of it alone and measure it
-            # (MetaLA d256, guessed from a part-1 pace 8x below today's, fit no call at all)
+            # width's or mixer's pace, which may be stale and far too slow), so train one trial of it alone
+            # and measure it
             measured = set(self._paces()) | {None}        # kinds with a pace of their own (None: invalid)
             if packing.fits(0, None, self.until - time.time()):
                 first = self._claim_one(lambda t: self._kind(t)[0] not in measured)
@@ -132,12 +132,10 @@ class _Worker:
         """Paces by stack key, from the group that trained the most trial-steps of it, the latest among
         equals: the groups the sweep completed before (a completed trial's steps x replicas over its group's
         wall time), then this launch's (its workers' records, the slowest worker's where several trained a
-        kind). The longest group is the measure least swayed by start-up: a Gated DeltaNet d256 trial that
-        stopped early at step 750 on a fresh machine spent most of its 94 s starting and on uncompiled
-        steps (8 trial-steps/s, where a 3500-step trial of the kind ran at 15), and sized by it no later
-        trial of the kind fitted a call. The latest among equals, as the code and the runner change between
-        launches (Figure 8's MetaLA d128 ran at 14 trial-steps/s as a lone trial among 14 time-sliced
-        workers of the first runner, its later stacks at 100-112)."""
+        kind). The longest group is the measure least swayed by start-up: a trial that stopped early spent
+        most of its wall time starting and on uncompiled steps, at half its kind's pace, and sized by it no
+        later trial of the kind fitted the limit. The latest among equals, as the code and the runner change
+        between launches, and a kind's pace with them."""
         from optuna.trial import TrialState
         best: dict[str, tuple[float, str, float]] = {}       # key -> (trial-steps, family, pace)
         done = [t for t in trials_in(self.study, (TrialState.COMPLETE,)) if t.datetime_complete is not None]

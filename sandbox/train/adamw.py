@@ -6,7 +6,7 @@ and the step's forward takes each weight as an [R, ...] piece that ``weights()``
 of that split hands back the whole gradient as one [R, P] tensor, so clipping and the update are a few operations
 over it (``update_``); compiled with the step they are a reduction for the replicas' norms and one pointwise
 kernel that writes the weights and both moments. One fused torch AdamW per replica with ``clip_grad_norm_``
-took 45 launches at a stack of 9 Figure 8 GLA runs on the H200, and the stacked forward copied every weight.
+launched a few kernels per replica and weight, and the stacked forward copied every weight.
 
 The arithmetic is ``torch.nn.utils.clip_grad_norm_`` followed by ``torch.optim.AdamW`` (tests/test_adamw.py holds
 it to them in float64). A replica's moments read and write as a torch AdamW ``state_dict`` with two parameter

@@ -3,8 +3,8 @@ written to a temporary file of this process and renamed, so a reader sees the ol
 part. A write cut off (Ctrl-C during a checkpoint's save, a killed process, a full disk) leaves the old file.
 
 ``save_torch_soon`` writes a checkpoint in a background thread, in the order of the calls, so that training goes
-on meanwhile (on the H200, writing a Figure 8 stack's checkpoints took 0.08-0.33 s at each evaluation, most of
-the evaluation); ``saves_done`` waits for those writes (before a result says a run ended, or another group reads
+on meanwhile (writing a stack's checkpoints took most of an evaluation's time; results/throughput/README.md);
+``saves_done`` waits for those writes (before a result says a run ended, or another group reads
 the checkpoints)."""
 from __future__ import annotations
 

@@ -235,7 +235,7 @@ class Step:
         torch.cuda.synchronize()
         # the graph allocates from a pool of its own: hand back what the eager warm-up steps (and an earlier
         # graph, before a compile) left cached, or the process holds the step's activations two or three
-        # times over (sweep workers on the H200 held 30-70 GB each, and a fourth ran out of memory)
+        # times over, and sweep workers sharing a GPU run out of memory
         torch.cuda.empty_cache()
         self.graph = torch.cuda.CUDAGraph()
         collecting = gc.isenabled()
