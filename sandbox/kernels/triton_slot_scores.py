@@ -30,8 +30,8 @@ from sandbox.kernels.triton_chunk_common import fold_replicas, tile_and_row
 
 C = 16  # chunk length (slot_scores.CHUNK)
 # Warps per launch by the key tile's width BK (the state tile is 64 slots x BK), the fastest of 1-8 for each kernel
-# on the H200 at d_k 32, 64 and 128 (`benchmarks/slot_scores_speed.py`; results/throughput/slot_scores_tiles_*.json
-# for the forward, slot_scores_walk_*.json for the backward); other widths take the nearest row.
+# at d_k 32, 64 and 128 (`benchmarks/slot_scores_speed.py`; the measurements left results/ in cddea1c and are in git
+# history before it); other widths take the nearest row.
 WARPS_BY_BK = {32: {"fwd_states": 2, "fwd_o": 1, "bwd_walk": 4},
                64: {"fwd_states": 2, "fwd_o": 1, "bwd_walk": 4},
                128: {"fwd_states": 4, "fwd_o": 2, "bwd_walk": 8}}
