@@ -89,6 +89,10 @@ def runs_of(path) -> list[Path]:
     if (d / "sweep.yaml").is_file() or not d.is_dir():
         return [d]
     runs = sorted(p.parent for p in d.glob("*/sweep.yaml"))
+    if not runs and (d / "verdict.py").is_file():
+        files = " then ".join(f"`sandbox sweep {f}`" for f in sorted(d.glob("*.yaml"))) or "its sweep files"
+        raise ValueError(f"sweep_dir: the figure {d} has no run yet (no folder in it holds a sweep.yaml): run "
+                         f"{files}, then `sandbox verdict` on the sweep directory")
     return runs or [d]
 
 
