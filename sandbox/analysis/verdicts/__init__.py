@@ -90,7 +90,8 @@ def runs_of(path) -> list[Path]:
         return [d]
     runs = sorted(p.parent for p in d.glob("*/sweep.yaml"))
     if not runs and (d / "verdict.py").is_file():
-        files = " then ".join(f"`sandbox sweep {f}`" for f in sorted(d.glob("*.yaml"))) or "its sweep files"
+        parts = sorted(d.glob("*.yaml"), key=lambda f: ("control" not in f.name, f.name))     # the control first
+        files = " then ".join(f"`sandbox sweep {f}`" for f in parts) or "its sweep files"
         raise ValueError(f"sweep_dir: the figure {d} has no run yet (no folder in it holds a sweep.yaml): run "
                          f"{files}, then `sandbox verdict` on the sweep directory")
     return runs or [d]
