@@ -37,18 +37,25 @@ def zoology(raw: dict) -> dict:
                       "betas": [0.9, 0.999], "weight_decay": 0.1, "warmup_frac": 0.0, "precision": "fp32"}}
 
 
+def recipe_fills(raw: dict) -> dict[str, dict]:
+    """The values ``raw``'s recipe fills in, by section: those of the keys ``raw`` leaves unset (none without a
+    recipe). Raises ``KeyError`` naming the recipe when it is unknown."""
+    name = (raw.get("train") or {}).get("recipe")
+    if name is None:
+        return {}
+    if name not in RECIPES:
+        raise KeyError(name)
+    return {section: {k: v for k, v in values.items() if k not in (raw.get(section) or {})}
+            for section, values in RECIPES[name](raw).items()}
+
+
 def apply_recipe(raw: dict) -> dict:
     """``raw`` with its recipe's values under every key it leaves unset (a copy; ``raw`` itself is unchanged).
     Raises ``KeyError`` naming the recipe when it is unknown."""
-    name = (raw.get("train") or {}).get("recipe")
-    if name is None:
+    fills = recipe_fills(raw)
+    if not fills:
         return raw
-    if name not in RECIPES:
-        raise KeyError(name)
     out = copy.deepcopy(raw)
-    for section, values in RECIPES[name](raw).items():
-        node = out.setdefault(section, {}) or {}
-        out[section] = node
-        for key, value in values.items():
-            node.setdefault(key, value)
+    for section, values in fills.items():
+        out[section] = {**(out.get(section) or {}), **values}
     return out

@@ -64,12 +64,12 @@ def test_the_generators_gpu_share_is_its_profile_block_over_the_step():
 
 
 def test_a_sweeps_kinds_of_stack_and_their_counts_match_its_grid(tmp_path):
-    """Figure 8 part 1: 3 mixers x dense/top-k x zero/noise tokens x 3 seeds x 3 learning rates = 108 trials;
-    the runner stacks a grid point's 9 (seeds x rates), and zero and noise tokens cost the same, so 6 kinds of
-    18 trials in 2 stacks of 9. A sweep whose two points differ in width has two kinds."""
+    """Figure 8 claim A: 2 mixers x dense/top-k x (20 zero-token + 8 noise-token seeds) x 4 learning rates = 448
+    trials; zero and noise tokens cost the same and seeds and rates stack, so 4 kinds of 112 trials, in stacks of
+    at most the runner's 12: 10 each. A sweep whose two points differ in width has two kinds."""
     from sandbox.bench.estimate import sweep_kinds
     kinds = sweep_kinds(str(ROOT / "figures" / "sse_fig8_topk" / "sse_fig8_topk.yaml"))
-    assert [(k["trials"], k["stacks"], k["replicas"]) for k in kinds] == [(18, 2, 9)] * 6
+    assert [(k["trials"], k["stacks"], k["replicas"]) for k in kinds] == [(112, 10, 12)] * 4
     assert sorted(k["name"] for k in kinds)[0] == "gla_d128_T320_conv_size4"
     f = tmp_path / "s.yaml"
     f.write_text("name: s\nbase: {task: {name: mqar, seq_len: 32, num_kv_pairs: 4, vocab_size: 64}, "
@@ -94,7 +94,8 @@ def test_kinds_that_differ_only_in_settings_their_name_leaves_out_are_named_apar
     assert sorted((k["name"], k["trials"]) for k in kinds) == [
         ("gla_d32_T32_n_heads1", 8), ("gla_d32_T32_n_heads2", 8), ("gla_d64_T32_n_heads1", 8),
         ("gla_d64_T32_n_heads2", 8)]
-    assert len({k["name"] for k in sweep_kinds(str(ROOT / "figures" / "sse_ablations" / "sse_ablations.yaml"))}) == 6
+    # six SSE variants and the attention control
+    assert len({k["name"] for k in sweep_kinds(str(ROOT / "figures" / "sse_ablations" / "sse_ablations.yaml"))}) == 7
 
 
 def test_an_unknown_kind_is_refused_with_the_sweeps_kinds_before_any_gpu_work(capsys):
@@ -104,7 +105,7 @@ def test_an_unknown_kind_is_refused_with_the_sweeps_kinds_before_any_gpu_work(ca
     f = str(ROOT / "figures" / "sse_fig8_topk" / "sse_fig8_topk.yaml")
     assert main_train(["--sweep", f, "--kinds", "gla_d128_T320_conv_size4,gla_d999"]) == 2
     err = capsys.readouterr().err
-    assert "no kind gla_d999" in err and "gsa_d128_T320_topk16_conv_size4_num_slots64" in err
+    assert "no kind gla_d999" in err and "metala_d128_T320_topk8_conv_size4" in err
     assert main_train(["--kinds", "gla_d128_T320_conv_size4"]) == 2
     assert "--kinds needs --sweep" in capsys.readouterr().err
     assert main_train(["--time-limit", "500"]) == 2

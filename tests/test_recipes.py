@@ -30,6 +30,21 @@ def test_keys_written_in_the_config_or_set_win_over_the_recipe():
     assert c.model.dropout == 0.0
 
 
+def test_a_sweep_point_gets_the_recipe_of_its_own_sequence_length(tmp_path):
+    """The recipe fills each point's settings from the point, not from the sweep's base (seq_len 64 here); a
+    key the base writes still wins at every point."""
+    from sandbox.sweep.spec import load_sweep
+    f = tmp_path / "s.yaml"
+    f.write_text("name: s\nbase: {task: {name: mqar, seq_len: 64, num_kv_pairs: 4}, model: {mixer: attention}, "
+                 "train: {recipe: zoology}}\ngrid: {\"task.seq_len, task.num_kv_pairs\": [[64, 4], [256, 16], [512, 64]]}\n"
+                 "objective: {metric: val/accuracy, mode: best}\n")
+    got = {c.task.params.seq_len: (c.train.batch_size, c.train.steps)
+           for c in map(load_sweep(f).point_config, load_sweep(f).points())}
+    assert got == {T: ZOOLOGY[T] for T in (64, 256, 512)}
+    f.write_text(f.read_text().replace("recipe: zoology", "recipe: zoology, batch_size: 64"))
+    assert {load_sweep(f).point_config(p).train.batch_size for p in load_sweep(f).points()} == {64}
+
+
 def test_an_unknown_recipe_is_one_line_naming_the_key():
     with pytest.raises(ConfigError, match=r"train\.recipe: unknown recipe 'nope' \(known: .*zoology"):
         load_config(data={"task": {"name": "mqar"}, "train": {"recipe": "nope"}})

@@ -102,9 +102,9 @@ def test_grid_two_workers_every_point_once_and_resume_is_a_no_op(tmp_path):
 
     trials = trials_of(out)
     assert sorted(completed_points(trials)) == sorted(p.point_id for p in load_sweep(path).points())
-    for t in trials:                                            # objective = best test accuracy of the run
+    for t in trials:                                            # objective = best val accuracy of the run
         res = json.loads((out / t.user_attrs["run_dir"] / "result.json").read_text())
-        assert t.value == max(h["test/accuracy"] for h in res["history"])
+        assert t.value == max(h["val/accuracy"] for h in res["history"])
         assert res["config"]["model"]["d_model"] == t.params["model.d_model"]
         assert res["config"]["train"]["lr"] == t.params["train.lr"]
         assert any(f.name.startswith("events.out.tfevents") for f in (out / t.user_attrs["run_dir"]).iterdir())

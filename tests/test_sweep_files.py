@@ -28,18 +28,21 @@ ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = ROOT / "sweeps"
 PATHS = {p.stem: p for p in sorted((ROOT / "figures").glob("*/*.yaml"))}      # a figure's sweep files
 ALL_FILES = sorted(SWEEPS.glob("*.yaml")) + list(PATHS.values())
-FIGURES = {          # figure (= study name) -> its sweep files, in the order they are run
-    "sse_fig8_topk": ["sse_fig8_topk", "sse_fig8_topk_widths"],
+FIGURES = {          # figure (= study name) -> its sweep files, the positive control's first
+    "sse_fig8_topk": ["sse_fig8_topk_control", "sse_fig8_topk", "sse_fig8_topk_gsa", "sse_fig8_topk_widths"],
     "sse_state_scaling": ["sse_state_scaling"],
     "sse_state_scaling_conv": ["sse_state_scaling_conv"],
     "sse_ablations": ["sse_ablations"],
     "sla_heads": ["sla_heads"],
-    "zoology_fig2": ["zoology_fig2", "zoology_fig2_sse_gdn"],
+    "zoology_fig2": ["zoology_fig2", "zoology_fig2_fixed_state"],
+    "lalte_hybrid": ["lalte_hybrid_control", "lalte_hybrid"],
 }
 FILES = [f for files in FIGURES.values() for f in files]
-SEEDS = {"sse_fig8_topk": [0, 1, 2], "sse_fig8_topk_widths": [0], "sse_state_scaling": [0, 1, 2],
-         "sse_state_scaling_conv": [0, 1, 2],
-         "sse_ablations": [0, 1, 2, 3, 4]}   # zoology: one seed, no seed axis; sla_heads: its own test
+# files whose protocol was fixed with the decisive-verdict rules: rates and steps chosen on val, four rates
+ON_VAL = {"sse_fig8_topk_control", "sse_fig8_topk", "sse_fig8_topk_gsa", "sse_fig8_topk_widths", "zoology_fig2",
+          "zoology_fig2_fixed_state", "lalte_hybrid_control", "lalte_hybrid"}
+SEEDS = {"sse_state_scaling": [0, 1, 2], "sse_state_scaling_conv": [0, 1, 2], "sse_ablations": [0, 1, 2, 3, 4],
+         "zoology_fig2_fixed_state": [0, 1, 2]}     # seed leads the grid; the other files zip it with their settings
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,9 +65,9 @@ def has_conv(mixer: str) -> bool:
 
 
 def conv(cfg):
-    """The short-convolution width of a run's (single) mixer; None where the mixer has no such option."""
-    m = cfg.model.mixer
-    return cfg.model.options(m).conv_size if has_conv(m) else None
+    """The short-convolution width of a run's mixer (a hybrid's widest); None where no mixer has the option."""
+    widths = [cfg.model.options(m).conv_size for m in cfg.model.layer_mixers() if has_conv(m)]
+    return max(widths) if widths else None
 
 
 @pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: p.name)
@@ -90,28 +93,27 @@ def test_figure_sweeps_state_their_size_and_train_as_the_issue_asks(name):
     stated = int(re.search(r"^# trials: (\d+)", header, re.M).group(1))
     expected = math.prod(len(rows) for _, rows in s.axes) * math.prod(len(v) for v in s.tune_lists.values())
     assert len(s.points()) == expected == stated
-    processes = int(re.search(r"^# processes: (\d+)", header, re.M).group(1))
-    # one stack per process: the trials that share every shape, in stacks of at most the runner's size
-    from collections import Counter
+    processes = re.search(r"^# processes: (\d+)", header, re.M)
+    if processes:        # one stack per process: the trials that share every shape, in stacks of the runner's size
+        from collections import Counter
 
-    from sandbox.sweep.packing import group_size
-    from sandbox.train import stack_key
-    shapes = Counter(stack_key(cfg) for _, cfg in configs(name))
-    assert processes == sum(math.ceil(n / group_size(s)) for n in shapes.values())
-    assert "GPU-minutes" in header
+        from sandbox.sweep.packing import group_size
+        from sandbox.train import stack_key
+        shapes = Counter(stack_key(cfg) for _, cfg in configs(name))
+        assert int(processes.group(1)) == sum(math.ceil(n / group_size(s)) for n in shapes.values())
     folder = PATHS[name].parent.name
-    assert re.search(rf"^#   sandbox sweep figures/{folder}/{name}\.yaml( +#.*)?$", header, re.M)   # the plain command
+    readme = (PATHS[name].parent / "README.md").read_text()       # the plain command, in the file or the README
+    assert re.search(rf"^#   sandbox sweep figures/{folder}/{name}\.yaml( +#.*)?$", header, re.M) or \
+        f"sandbox sweep figures/{folder}/{name}.yaml" in readme
     assert list(s.tune_lists) == ["train.lr"] and not s.tune_ranges
-    assert len(s.tune_lists["train.lr"]) == (4 if name.startswith("zoology") else 3)
+    assert len(s.tune_lists["train.lr"]) == (4 if name in ON_VAL and "lalte" not in name else 3)
+    assert s.objective.metric == ("val/accuracy" if name in ON_VAL else "test/accuracy")
     for _, cfg in configs(name):
-        assert cfg.train.batch_size == 256 and cfg.train.early_stop == 0.99
-        assert cfg.model.n_layers == 2
+        assert cfg.train.early_stop == 0.99 and cfg.model.n_layers == 2
         assert conv(cfg) in (None, 0, 4)
     if name in SEEDS:                    # seed first, so every seed-0 trial runs before seed 1
         assert s.axes[0] == (["seed"], [[v] for v in SEEDS[name]])
-    elif name == "sla_heads":            # seed leads a joint axis (the conv-off column has seed 0 only)
-        assert s.axes[0][0][0] == "seed"
-    else:
+    elif name == "zoology_fig2":         # the control: one seed, as in Zoology
         assert "seed" not in s.grid_keys
 
 
@@ -120,7 +122,6 @@ def test_the_parts_of_a_figure_fill_one_study_without_overlapping(figure):
     parts = [spec(f) for f in FIGURES[figure]]
     assert {s.name for s in parts} == {figure}
     assert all(s.fingerprint() == parts[0].fingerprint() for s in parts)
-    assert all(s.grid_keys == parts[0].grid_keys for s in parts)     # the same results.csv columns
     ids = [p.point_id for s in parts for p in s.points()]
     assert len(ids) == len(set(ids))
 
@@ -147,27 +148,35 @@ def test_sla_heads_decides_on_conv_rows_with_five_seeds_and_keeps_a_conv_off_col
     assert mixer.core.cfg.conv_size == 4 and mixer.core.conv.shape[-1] == 4
 
 
-def test_fig8_is_three_seeds_at_d128_one_seed_elsewhere_conv_on_but_one_column():
+def test_fig8_seeds_follow_the_plan_with_the_control_first_and_top_k_a_quarter_of_the_rows():
+    """Claim A: GLA and MetaLA dense and top-k at d_model 128 over 20 zero-token and 8 noise-token seeds; GSA (its own
+    file) over 3 and 20; claim B: top-k only at d_model 64 and 256, seeds as claim A; the control: attention with
+    learned positions at d_model 128, seeds 0-2 of both settings. Conv 4 everywhere."""
     seen = set()
     for p, cfg in figure_configs("sse_fig8_topk"):
         m, d = cfg.model, cfg.model.d_model
         assert m.n_heads == 2 and m.channel_mixer == "swiglu"
-        topk = m.options(m.mixer).topk
-        rows = 64 if m.mixer == "gsa" else d // 2 // m.n_heads
-        if m.mixer == "gsa":
-            assert m.options("gsa").num_slots == 64
-        assert topk in (None, rows // 4)
-        assert (m.options("gsa").topk is None) == (topk is None)     # the plots' dense/top-k flag
         t = cfg.task.params
         assert t.num_kv_pairs == 16 and t.seq_len == 4 * 32 + t.gap + t.noise
-        setting = ("noise", t.noise) if t.noise else ("gap", t.gap)
-        seen.add((m.mixer, d, topk is not None, setting, cfg.seed, conv(cfg)))
-    mixers, settings = ("gla", "metala", "gsa"), (("gap", 192), ("noise", 192))
-    core = set(itertools.product(mixers, [128], (False, True), settings, (0, 1, 2), [4]))
-    widths = set(itertools.product(mixers, (64, 256), (False, True), settings, [0], [4]))
-    conv_off = set(itertools.product(mixers, [128], (False, True), settings, [0], [0]))
-    assert seen == core | widths | conv_off
-    assert {x[1] for x in seen if x[4] == 0 and x[5] == 4} == {64, 128, 256}
+        setting = "noise" if t.noise else "zero"
+        if m.mixer == "attention":
+            assert m.positions == "learned" and m.options("gsa").topk is None
+            seen.add(("attention", d, False, setting, cfg.seed))
+            continue
+        topk = m.options(m.mixer).topk
+        rows = m.options("gsa").num_slots if m.mixer == "gsa" else d // 2 // m.n_heads
+        assert topk in (None, rows // 4) and conv(cfg) == 4 and m.positions == "none"
+        assert (m.options("gsa").topk is None) == (topk is None)     # the plots' dense/top-k flag
+        seen.add((m.mixer, d, topk is not None, setting, cfg.seed))
+
+    def cells(mixers, widths, topk, seeds):
+        return {(mx, d, k, st, sd) for mx in mixers for d in widths for k in topk for st, n in seeds.items()
+                for sd in range(n)}
+    want = cells(["gla", "metala"], [128], [False, True], {"zero": 20, "noise": 8})
+    want |= cells(["gsa"], [128], [False, True], {"zero": 3, "noise": 20})
+    want |= cells(["gla", "metala", "gsa"], [64, 256], [True], {"zero": 20, "noise": 8})
+    want |= cells(["attention"], [128], [False], {"zero": 3, "noise": 3})
+    assert seen == want
 
 
 def test_state_scaling_covers_n_k_up_to_8_and_three_gla_references():
@@ -231,9 +240,10 @@ def test_ablations_change_one_option_at_a_time_from_the_default():
             for _, cfg in configs("sse_ablations")} == scaling              # the same task
 
 
-def test_zoology_grid_is_the_classic_one_for_five_models_up_to_d256():
+def test_zoology_grid_is_the_classic_one_for_five_models_up_to_d256_with_zoologys_recipe():
+    """Attention (one seed, the control) and four fixed-state models with conv 4 (seeds 0-2) at Zoology's four
+    (seq_len, pairs) sizes and widths 64-256, on Zoology's recipe; top-k keeps a quarter of GLA's key rows."""
     seen = set()
-    steps = {(64, 4): 2000, (128, 8): 2000, (256, 16): 3000, (512, 64): 4000}
     for p, cfg in figure_configs("zoology_fig2"):
         m, t = cfg.model, cfg.task.params
         name = m.mixer
@@ -243,16 +253,15 @@ def test_zoology_grid_is_the_classic_one_for_five_models_up_to_d256():
         if name == "sse":
             assert (m.options("sse").n, m.options("sse").k) == (4, 1)
         assert m.positions == ("learned" if name == "attention" else "none")
-        assert m.n_heads == 1 and m.channel_mixer == "none"
-        assert cfg.train.steps == steps[(t.seq_len, t.num_kv_pairs)]
-        c = conv(cfg)
-        assert c == (None if name == "attention" else 0 if (name, m.d_model) == ("gla", 128) and
-                     p.grid["model.gla.conv_size"] == 0 else 4)
-        seen.add((t.seq_len, t.num_kv_pairs, m.d_model, name, c, p.tune["train.lr"]))
+        assert m.n_heads == 1 and m.channel_mixer == "none" and m.dropout == 0.1
+        assert cfg.train.recipe == "zoology" and cfg.train.steps == 64 * 100_000 // cfg.train.batch_size
+        assert cfg.train.batch_size == {64: 512, 128: 512, 256: 256, 512: 128}[t.seq_len]
+        assert conv(cfg) == (None if name == "attention" else 4)
+        seen.add((t.seq_len, t.num_kv_pairs, m.d_model, name, cfg.seed, p.tune["train.lr"]))
     lrs = spec("zoology_fig2").tune_lists["train.lr"]
     assert [round(math.log10(x), 2) for x in lrs] == pytest.approx([-4, -10 / 3, -8 / 3, -2], abs=0.01)
-    models = {"attention": None, "gla": 4, "gla_topk": 4, "sse": 4, "gated_deltanet": 4}
-    want = {(T, kv, d, m, c, lr) for (T, kv), d, (m, c), lr
-            in itertools.product(steps, (64, 128, 256), models.items(), lrs)}
-    want |= {(T, kv, 128, "gla", 0, lr) for (T, kv), lr in itertools.product(steps, lrs)}   # the conv-off column
+    sizes = [(64, 4), (128, 8), (256, 16), (512, 64)]
+    want = {(T, kv, d, "attention", 0, lr) for (T, kv), d, lr in itertools.product(sizes, (64, 128, 256), lrs)}
+    want |= {(T, kv, d, m, sd, lr) for (T, kv), d, m, sd, lr in itertools.product(
+        sizes, (64, 128, 256), ("gla", "gla_topk", "sse", "gated_deltanet"), (0, 1, 2), lrs)}
     assert seen == want

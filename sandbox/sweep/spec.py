@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from sandbox.config import (ConfigError, RunConfig, config_from_dict, flatten, parse_dataclass, parse_override,
                             read_yaml, set_dotted, to_dict)
+from sandbox.recipes import recipe_fills
 
 TOP_KEYS = ("name", "base", "grid", "tune", "objective", "pruning")
 METRICS = ("val/accuracy", "val/loss", "test/accuracy", "test/loss")
@@ -343,6 +344,10 @@ def _parse_base(base_raw: dict, overrides: list[str], raw: dict, src: str) -> di
         raise ConfigError(src, f"base.{e.key}" if e.key else "base", e.reason) from None
     base = to_dict(cfg)
     base["name"] = None
+    # a recipe's values depend on the point (Zoology's batch on its seq_len): leave them for each point to fill
+    for section, values in recipe_fills(data).items():
+        for key in values:
+            base[section].pop(key, None)
     return base
 
 
