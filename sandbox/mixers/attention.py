@@ -52,6 +52,9 @@ class Attention(Mixer):
         self.record("keys", k.transpose(1, 2))
         self.record("values", v.transpose(1, 2))
         mask = causal_window_mask(t, self.cfg.window, x.device)
+        if mask is not None and self.capture is not None:     # the cache a window keeps: what the last query sees
+            self.record("cache_keys", k[:, :, mask[-1]].transpose(1, 2))
+            self.record("cache_values", v[:, :, mask[-1]].transpose(1, 2))
         if self.training and self.ctx.dropout:
             o = _attention_with_dropout(q, k, v, mask, self.ctx.dropout)
         elif mask is None:

@@ -175,9 +175,20 @@ class NativeSparseAttention(HeadAttention):
         self.record("values", vs)
         self.record("routing", sel)
         self.record("gates", g)
+        if self.capture is not None:
+            # the rest of its cache: the compressed blocks, the raw keys and values that a later block compresses
+            # (from the next block's start on) and the window the last query sees
+            tail = nc * cfg.cmp_stride
+            held = SinkWindow(t, cfg.window, 0, x.device).dense()[-1]
+            for name, z in (("cmp_keys", kcmp), ("cmp_values", vcmp), ("cmp_tail_keys", kc[:, tail:]),
+                            ("cmp_tail_values", vc[:, tail:]), ("window_keys", kw[:, held]),
+                            ("window_values", vw[:, held])):
+                self.record(name, z)
         return self.finish(o)
 
     def state_size(self, seq_len: int) -> int:
-        """Selected-branch KV (all tokens) + compressed KV + the sliding window's KV."""
+        """Selected-branch KV (all tokens) + compressed KV + the raw KV of the compressed branch from the next
+        block's start on (a later block compresses them) + the sliding window's KV."""
         nc = 0 if seq_len < self.cfg.cmp_block else (seq_len - self.cfg.cmp_block) // self.cfg.cmp_stride + 1
-        return 2 * (seq_len + nc + min(seq_len, self.cfg.window)) * self.ctx.d_model
+        tail = seq_len - nc * self.cfg.cmp_stride
+        return 2 * (seq_len + nc + tail + min(seq_len, self.cfg.window)) * self.ctx.d_model

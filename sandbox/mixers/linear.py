@@ -95,6 +95,12 @@ class LinearConfig:
             raise ValueError(f"topk: must be <= {rows}, the state rows per head; got {self.topk}")
 
 
+def conv_state(inputs: torch.Tensor, conv_size: int) -> torch.Tensor:
+    """What a short causal convolution carries to continue after ``inputs [B, T, C]``: its last
+    ``conv_size - 1`` inputs per channel, zeros standing for those before the sequence's start."""
+    return F.pad(inputs, (0, 0, conv_size - 1, 0))[:, inputs.shape[1]:]
+
+
 class LinearMixer(Mixer):
     """The recurrence core: projections, phi / top-k, transition, recurrence, output."""
 
@@ -208,6 +214,8 @@ class LinearMixer(Mixer):
         H, K = self.H, self.K
         proj = self.project(x)
         if self.conv is not None:
+            if self.capture is not None:
+                self.record("conv_state", conv_state(proj["qkv"], cfg.conv_size))
             parts = list(short_conv(proj["qkv"], self.conv, self.qkv_sizes()))
         else:
             parts = [proj[n] for n in ("q", "k", "v") if n in proj]

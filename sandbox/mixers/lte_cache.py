@@ -102,13 +102,20 @@ class LTECache:
         self.t += 1
         return out
 
+    def held(self):
+        """The cache's slots, sinks, then the capped segment, then the window: pre-RoPE keys and values
+        ``[b, h, n, dh]`` and whether each slot holds a token ``[b, h, n]``."""
+        b, h, ns = self.out_r.shape[0], self.out_r.shape[1], self.n_sinks
+        keys = torch.cat([self.sink_k[:, :, :ns], self.out_k, self.win_k], dim=2)
+        vals = torch.cat([self.sink_v[:, :, :ns], self.out_v, self.win_v], dim=2)
+        valid = torch.cat([torch.ones(b, h, ns, dtype=torch.bool, device=keys.device), self.out_r > -math.inf,
+                           (self.win_pos >= 0).expand(b, h, -1)], dim=2)
+        return keys, vals, valid
+
     def _attend(self, q: torch.Tensor) -> torch.Tensor:
         b, h, dh = q.shape
         ns = self.n_sinks
-        keys = torch.cat([self.sink_k[:, :, :ns], self.out_k, self.win_k], dim=2)      # [b, h, n, dh]
-        vals = torch.cat([self.sink_v[:, :, :ns], self.out_v, self.win_v], dim=2)
-        valid = torch.cat([torch.ones(b, h, ns, dtype=torch.bool, device=q.device), self.out_r > -math.inf,
-                           (self.win_pos >= 0).expand(b, h, -1)], dim=2)
+        keys, vals, valid = self.held()
         if self.mixer.cfg.rope:
             base = self.mixer.cfg.rope_base
             pos = torch.cat([torch.arange(ns, device=q.device).expand(b, h, -1), self.out_pos,
@@ -128,4 +135,6 @@ def run_with_cache(mixer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
     cache = LTECache(mixer, q.shape[0], q.device, q.dtype)
     outs = [cache.step(q[:, i], k[:, i], v[:, i]) for i in range(q.shape[1])]
     mixer.record("retained_count", cache.retained().float().mean(0))
+    for name, z in zip(("cache_keys", "cache_values", "cache_valid"), cache.held()):
+        mixer.record(name, z)
     return torch.stack(outs, dim=2)

@@ -38,7 +38,7 @@ from sandbox.kernels.short_conv import short_conv
 from sandbox.kernels.topk_mask import topk_mask
 from sandbox.mixers.base import Linear, Mixer, MixerContext, register
 from sandbox.mixers.feature_maps import balance_loss, feature_map, softmax_topk
-from sandbox.mixers.linear import LinearMixer
+from sandbox.mixers.linear import LinearMixer, conv_state
 from sandbox.mixers.linear_family import GatedDeltaNetConfig, GLAConfig
 from sandbox.mixers.sse_impl import Routing, partitioned_recurrence, resolve_impl, route
 
@@ -93,6 +93,7 @@ class PartitionedMixer(Mixer):
 
     def forward(self, x):
         cfg = self.cfg
+        self.core.capture = self.capture    # the core records its short convolution's state here
         p = self.core.features(x)
         rt = self.route(x)
         s = self.streams(x, p, rt)
@@ -143,7 +144,10 @@ class PartitionedMixer(Mixer):
         return "impl varlen sorts the routed tokens into segments of data-dependent sizes"
 
     def state_size(self, seq_len: int) -> int:
-        return (self.n + int(self.shared)) * self.H * self.K * self.V
+        """The partitions' states and the last ``conv_size - 1`` inputs of each short convolution's channels."""
+        convs = [c for c in (self.core.conv, getattr(self, "part_conv", None)) if c is not None]
+        conv = sum(c.shape[0] * (c.shape[1] - 1) for c in convs)
+        return (self.n + int(self.shared)) * self.H * self.K * self.V + conv
 
 
 @dataclass
@@ -247,6 +251,8 @@ class SSE(PartitionedMixer):
         if self.part_qkv is not None:
             extra = self.part_qkv(x)
             if self.part_conv is not None:
+                if self.capture is not None:
+                    self.record("part_conv_state", conv_state(extra, self.cfg.conv_size))
                 extra, = short_conv(extra, self.part_conv)
             eq, ek, ev = extra.view(B, T, N - 1, H, 2 * K + V).split([K, K, V], -1)
             qs, ks, vs = torch.cat([qs, eq], 2), torch.cat([ks, ek], 2), torch.cat([vs, ev], 2)

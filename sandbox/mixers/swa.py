@@ -247,7 +247,12 @@ class SlidingWindowAttention(HeadAttention):
         q, k = self.positional(q, k)
         self.record("keys", k)
         self.record("values", v)
-        return self.finish(attend(q, k, v, SinkWindow(x.shape[1], self.cfg.window, self.cfg.sinks, x.device)))
+        pattern = SinkWindow(x.shape[1], self.cfg.window, self.cfg.sinks, x.device)
+        if self.capture is not None:        # the cache it keeps: the sinks and the window the last query sees
+            held = pattern.dense()[-1]
+            self.record("cache_keys", k[:, held])
+            self.record("cache_values", v[:, held])
+        return self.finish(attend(q, k, v, pattern))
 
     def state_size(self, seq_len: int) -> int:
         return 2 * min(seq_len, self.cfg.window + self.cfg.sinks) * self.ctx.d_model
