@@ -10,6 +10,7 @@ TINY = {"task": {"name": "mqar", "seq_len": 32, "num_kv_pairs": 4, "vocab_size":
                   "early_stop": None, "device": "cpu", "eval_batch_size": 32}}
 
 
+@pytest.mark.slow
 def test_the_same_code_side_by_side_gives_the_same_losses(tmp_path):
     assert ref_code(str(ROOT)) == ROOT
     new = run_one(ROOT, "tiny", TINY, tmp_path / "new")

@@ -23,6 +23,7 @@ def config(overrides=(), **model):
     return load_config(data=data, overrides=list(overrides))
 
 
+@pytest.mark.slow
 def test_a_compiled_run_trains_as_the_eager_one_and_its_result_splits_the_wall_time_by_phase(tmp_path):
     runs = {c: train(config([f"train.compile={c}"]), tmp_path / c, progress=False) for c in ("false", "true")}
     eager, compiled = (torch.load(tmp_path / c / "checkpoint.pt", weights_only=False)["model"] for c in runs)
@@ -60,6 +61,7 @@ def train_alike(compiled, eager, steps=4) -> str:
     return compiling.cache_outcome(before)
 
 
+@pytest.mark.slow
 def test_a_second_stack_of_the_same_shapes_reuses_the_compilation_and_trains_its_own_weights(tmp_path, monkeypatch):
     """A stack compiled into empty caches trains what the eager stack trains. A second stack of the same shapes in
     this process compiles nothing and trains its own weights, and the first one's models are freed; after

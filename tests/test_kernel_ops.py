@@ -157,15 +157,18 @@ def _mqar_like_ids(n, vocab, seed):
     return torch.where(torch.rand(n, generator=g_) < 0.8, 0, ids)
 
 
-@pytest.mark.parametrize("dtype,N,V", [(torch.float32, 300, 50), (torch.bfloat16, 300, 50), (torch.float32, 9000, 50),
-                                       (torch.float32, 300, 40000), (torch.float32, 300, 2)])
+@pytest.mark.parametrize("dtype,N,V", [(torch.float32, 300, 50), (torch.bfloat16, 300, 50),
+                                       pytest.param(torch.float32, 9000, 50, marks=pytest.mark.slow),
+                                       pytest.param(torch.float32, 300, 40000, marks=pytest.mark.slow),
+                                       (torch.float32, 300, 2)])
 def test_embedding_grad_kernel_equals_a_float64_loop(dtype, N, V):
     """N 300: neither N nor D a multiple of the 64 x 64 tile, 0 in every tile. N 9000: the filler's
     run spans about 112 tiles, more than one block of 64 tile sums; some tokens do not occur. V 40000:
     a table too tall for int16 sort keys (stacked replicas' tables are R vocabularies tall). V 2: tokens 0
-    and 1 only, so the last, partial tile holds one token."""
-    from sandbox.kernels.triton_embedding import embedding_grad_triton
-    D = 80
+    and 1 only, so the last, partial tile holds one token. D 80 is a full and a part column block; the two large
+    cases take one block, which halves the interpreter's programs."""
+    from sandbox.kernels.triton_embedding import BD, embedding_grad_triton
+    D = BD if N * V > 100_000 else 80
     ids = _mqar_like_ids(N, V, 0)
     if N > 1000:
         ids = torch.where((ids > 40) & (ids < 45), 40, ids)
@@ -175,7 +178,9 @@ def test_embedding_grad_kernel_equals_a_float64_loop(dtype, N, V):
         ref[ids[n]] += grad[n].double()
     out = embedding_grad_triton(ids, grad, V)
     assert out.dtype == torch.float32
-    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    # float32 sums: the rounding grows as the square root of a row's count (N 9000: about 7,200 fillers in row 0)
+    atol = 1e-5 * max(1.0, (int((ids == 0).sum()) / 300) ** 0.5)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=atol)
 
 
 def test_embedding_lookup_kernel_equals_indexing():

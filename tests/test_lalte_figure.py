@@ -274,6 +274,7 @@ def tiny(part: str, w: int = 16, pairs: int = 2) -> dict:
     return raw
 
 
+@pytest.mark.slow
 def test_the_figure_scaled_down_runs_end_to_end_on_the_cpu(tmp_path):
     out = tmp_path / "sweep"
     for part in PARTS:

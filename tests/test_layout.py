@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent / "sandbox"
 LAYERS = [("sandbox.tasks", "sandbox.kernels", "sandbox.recipes"), ("sandbox.mixers",), ("sandbox.config", "sandbox.model"),
           ("sandbox.train",), ("sandbox.sweep", "sandbox.analysis", "sandbox.bench"),
@@ -115,6 +117,7 @@ def figure_folders() -> list[Path]:
     return sorted(p for p in FIGURES.iterdir() if p.is_dir())
 
 
+@pytest.mark.slow
 def test_every_figure_folder_has_a_readme_sweep_files_and_verdict_code_that_loads():
     from sandbox.analysis.verdicts import _load
     from sandbox.sweep.spec import load_sweep

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from sandbox.cli import main, quickstart_path
 from sandbox.config import load_config
 
 PICTURES = ["clustering.png", "entropy.png", "receptive_field.png", "similarity.png", "usage.png"]
 
 
+@pytest.mark.slow
 def test_quickstart_learns_and_inspect_draws_all_five_pictures(tmp_path, capsys):
     cfg = load_config(quickstart_path())
     run = tmp_path / "run"
     assert main(["train", "--out", str(run), "--no-progress"]) == 0
     res = json.loads((run / "result.json").read_text())
     assert res["status"] == "early_stopped", res["status"]
-    assert res["final_accuracy"] >= max(0.9, cfg.train.early_stop), res["final_accuracy"]
+    # the early stop reads the validation split; the test split, read at that step, is close but not the same
+    assert res["best_val_accuracy"] >= cfg.train.early_stop, res["best_val_accuracy"]
+    assert res["test_at_best_val"] >= 0.9, res["test_at_best_val"]
     assert "test accuracy" in capsys.readouterr().out
 
     assert main(["inspect", str(run), "--no-tensorboard"]) == 0

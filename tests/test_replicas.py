@@ -42,10 +42,12 @@ def assert_same_runs(stacked_dir, solo_dir, n, rtol=1e-9, atol=1e-11):
         assert [h["test/accuracy"] for h in ra["history"]] == [h["test/accuracy"] for h in rb["history"]]
 
 
-@pytest.mark.parametrize("model", [None, {"gla": {"topk": 4, "conv_size": 4}},
+@pytest.mark.parametrize("model", [None, pytest.param({"gla": {"topk": 4, "conv_size": 4}}, marks=pytest.mark.slow),
                                    {"mixer": "attention", "positions": "learned"},
-                                   {"mixer": "gated_deltanet", "channel_mixer": "none"},
-                                   {"mixer": "sse", "sse": {"n": 4, "k": 1, "conv_size": 4}}],
+                                   pytest.param({"mixer": "gated_deltanet", "channel_mixer": "none"},
+                                                marks=pytest.mark.slow),
+                                   pytest.param({"mixer": "sse", "sse": {"n": 4, "k": 1, "conv_size": 4}},
+                                                marks=pytest.mark.slow)],
                          ids=["gla", "gla_topk_conv", "attention", "gated_deltanet", "sse_n4k1_conv"])
 def test_stacked_replicas_equal_solo_runs(tmp_path, model):
     """Learning rates 1e-3, 3e-3, 1e-2 and seeds 0, 0, 1 (so one replica has data of its own)."""
@@ -79,6 +81,7 @@ def test_a_replica_that_stops_or_diverges_leaves_the_others_alone(tmp_path):
     assert_same_runs(tmp_path / "stacked", tmp_path / "solo", 2)
 
 
+@pytest.mark.slow
 def test_interrupted_stack_resumes_to_the_weights_of_a_straight_one(tmp_path):
     cfgs = configs()
     straight = [tmp_path / "a" / str(i) for i in range(3)]
@@ -99,6 +102,7 @@ def test_interrupted_stack_resumes_to_the_weights_of_a_straight_one(tmp_path):
     assert [r["steps"] for r in again] == [12, 12, 12]
 
 
+@pytest.mark.slow
 def test_ctrl_c_inside_a_stacked_step_acts_after_the_step(tmp_path, monkeypatch):
     """SIGINT arriving while the stack's vmapped forward runs (step 5 here) is held until that step ends:
     raised inside it, it could leave functorch's layers broken and the replicas unsaved (seen with
@@ -245,6 +249,7 @@ def test_regrouping_pays_only_when_it_saves_more_than_a_start():
     assert not worth_regrouping(3, 3, 10**6, 1.0, 0.0) and not worth_regrouping(0, 3, 10**6, 1.0, 0.0)
 
 
+@pytest.mark.slow
 def test_runs_resumed_at_different_steps_train_as_separate_stacks(tmp_path):
     """One run interrupted at step 6, one never started: train_replicas trains each from where it is (the
     earlier first) and both end with the weights of a straight run."""
@@ -263,6 +268,7 @@ def test_runs_resumed_at_different_steps_train_as_separate_stacks(tmp_path):
     assert_same_runs(tmp_path / "b", tmp_path / "a", 2)
 
 
+@pytest.mark.slow
 def test_an_evaluation_in_slices_of_rows_equals_one_in_whole_batches(tmp_path, monkeypatch):
     """A stack's evaluation holds at most ``EVAL_LOGITS`` logits at once; at one row per slice it scores what the
     whole test batches score (seeds 0, 0, 1: shared and own test batches)."""

@@ -163,6 +163,7 @@ def test_a_sweep_directory_moved_from_another_machine_resumes_its_running_trials
 
 # ---- failures are recorded, the sweep goes on ---------------------------------------------------
 
+@pytest.mark.slow
 def test_diverging_and_raising_trials_are_recorded_failed(tmp_path, capsys):
     # lr 1e30 makes the loss NaN (TrainingDiverged); train.device=cuda passes validation
     # but raises when the run starts on a machine without a visible GPU.
@@ -200,6 +201,7 @@ def test_diverging_and_raising_trials_are_recorded_failed(tmp_path, capsys):
         t.user_attrs["failure"].split(":")[0] for t in trials_of(out) if t.number < 4 and t.state.name == "FAIL")
 
 
+@pytest.mark.slow
 def test_retrain_trains_the_matching_finished_points_again_and_supersedes_their_rows(tmp_path, capsys):
     """After a fix to what some trials trained on (sla_heads' 16-head kernel), `--retrain KEY=VALUE` trains the
     matching finished points again: new trials, the old ones superseded and out of results.csv's finished rows.
@@ -250,6 +252,7 @@ def test_retrain_trains_the_matching_finished_points_again_and_supersedes_their_
         (32, 1.0e-3)]
 
 
+@pytest.mark.slow
 def test_a_grid_points_trials_train_stacked_and_equal_one_by_one(tmp_path):
     """One worker takes a grid point's learning rates together (3 stacked replicas, one process) and records
     each as its own trial; in float64 their objectives equal those of the same sweep run one by one."""
@@ -287,6 +290,7 @@ def test_a_grid_points_trials_train_stacked_and_equal_one_by_one(tmp_path):
     assert log.count("(stacked with 2 more)") == 6
 
 
+@pytest.mark.slow
 def test_an_interrupted_stack_resumes_first_and_as_a_stack(tmp_path):
     """Ctrl-C during a stack of 3, then a rerun: the requeued copies (at the end of the queue) are taken
     before the untouched grid point and go on stacked, from their checkpoints, to the end."""
@@ -361,6 +365,7 @@ def test_median_pruning_stops_a_hopeless_lr_within_its_grid_point(tmp_path):
 
 # ---- crash safety ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_interrupt_and_kill_minus_9_then_rerun_completes_every_point_once(tmp_path, capsys):
     path = write(tmp_path, """\
         name: crashy

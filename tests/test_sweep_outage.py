@@ -299,6 +299,7 @@ def _journal_is_whole(path: Path) -> None:
         json.loads(line)
 
 
+@pytest.mark.slow
 def test_journal_that_cannot_grow_is_one_line_and_stays_readable(tmp_path, monkeypatch, capsys):
     from sandbox.sweep.spec import load_sweep
     path = write(tmp_path, """\

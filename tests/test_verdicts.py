@@ -283,6 +283,7 @@ def test_state_claims_leave_out_runs_that_did_not_learn_and_say_why_none_is_comp
     assert "not compared: gla learned in 0 of 3 picture runs" in sim.markdown()
 
 
+@pytest.mark.slow
 def test_inspect_a_sweep_draws_the_state_pictures_of_each_variants_best_run(tmp_path):
     """A real (tiny, CPU) sweep with the state-scaling figure's name and variants; `sandbox inspect SWEEP_DIR`
     inspects, per variant and seed, the learning rate with the best accuracy (checked against the runs' own
