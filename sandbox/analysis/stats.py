@@ -276,12 +276,14 @@ def _clear(rule: Rule, estimate: float) -> float:
 
 def seeds_to_decide(effect: Effect, rule: Rule, items: int = 1) -> int | None:
     """Seeds per cell that would decide an inconclusive comparison if its means and spreads stayed as measured
-    (at the claim's Holm-adjusted worst level for ``items`` items); None beyond ``MAX_SEEDS``."""
+    (at the claim's Holm-adjusted worst level for ``items`` items); None beyond ``MAX_SEEDS``. More than it has:
+    the seeds it has did not decide it, though the pooled degrees of freedom used here (more than Welch's where
+    the spreads differ) may say they would."""
     gap = _clear(rule, effect.estimate)
     if gap <= 0:
         return None
     q = 1 - (1 - LEVEL) / 2 / items
-    for n in range(max(2, max(effect.n)), MAX_SEEDS + 1):
+    for n in range(max(2, max(effect.n) + 1), MAX_SEEDS + 1):
         if stats.t.ppf(q, _df_at(len(effect.sds), n)) * _se_at(effect.sds, n) < gap:
             return n
     return None
