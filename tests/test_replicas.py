@@ -286,14 +286,15 @@ def test_an_evaluation_in_slices_of_rows_equals_one_in_whole_batches(tmp_path, m
 
 def test_compare_trains_each_variants_seeds_as_one_stack(tmp_path):
     """``sandbox compare``: a variant's seeds differ only in seed, so they train as one stack (each seed's result
-    says it had 3 replicas); a mixer that cannot stack trains its seeds one after another. Each variant's line says
-    where its time went."""
+    says it had 3 replicas); a mixer that cannot stack (SSE's varlen partitions: data-dependent segment sizes)
+    trains its seeds one after another. Each variant's line says where its time went."""
     import yaml
 
     from sandbox.analysis.compare import compare
     (tmp_path / "task.yaml").write_text(yaml.safe_dump({**BASE, "train": {**BASE["train"], "steps": 6}}))
     lines = []
-    res = compare("gla", "lte", seeds=3, task=str(tmp_path / "task.yaml"), out=tmp_path / "cmp", log=lines.append)
+    res = compare("gla", "sse+impl=varlen", seeds=3, task=str(tmp_path / "task.yaml"), out=tmp_path / "cmp",
+                  log=lines.append)
     stacked = [json.loads(p.read_text())["replicas"] for p in sorted((tmp_path / "cmp").glob("A-*/seed*/result.json"))]
     alone = [json.loads(p.read_text())["replicas"] for p in sorted((tmp_path / "cmp").glob("B-*/seed*/result.json"))]
     assert stacked == [3, 3, 3] and alone == [1, 1, 1]

@@ -160,6 +160,14 @@ def test_seeds_to_decide_shrinks_the_interval_past_the_margin():
     assert lo_before <= 0.05
 
 
+def test_seeds_to_decide_an_inconclusive_comparison_are_more_than_it_has():
+    """Spreads this unequal give Welch's interval fewer degrees of freedom (3.4 here) than the pooled ones planning
+    uses (4), by which 3 seeds would have sufficed: the 3 it has did not."""
+    e = difference([0.9658, 0.9741, 0.9961], [0.9985, 0.9976, 0.9971])
+    assert decide(e, within(0.05)) == OPEN and e.df < 4
+    assert stats.seeds_to_decide(e, within(0.05)) == 4
+
+
 def test_cell_interval_stays_within_the_range_of_an_accuracy():
     m, lo, hi = stats.mean_ci([0.01, 0.0, 0.08], bounds=(0.0, 1.0))
     assert lo == 0.0 and 0.03 < hi <= 1.0

@@ -4,8 +4,15 @@ A variant is either a run YAML file or a mixer written ``NAME[+KEY=VALUE...]`` o
 (``--task``: a preset below or a YAML file); ``gla+topk=8+balance_alpha=0.01`` sets
 ``model.mixer: gla`` and ``model.gla.topk: 8``, ``model.gla.balance_alpha: 0.01``. ``--set``
 applies to both variants, ``--set-a``/``--set-b`` to one. Both variants train on the same
-seeds (base seed, +1, ...); the report gives each variant's mean and 95% t interval, the
-difference B - A with its interval, and Welch's t-test.
+seeds (base seed, +1, ...).
+
+The report says what was run before what came out: the task with its chance level, the model, and the training
+(steps, batch, learning rate, recipe, seeds). Each variant's seeds give a mean with a 95% t interval clipped to
+[0, 1]; the comparison is worded as ``sandbox verdict`` words one (``sandbox.analysis.stats``): the effect
+mean(B) - mean(A) with its Welch interval, n, and a verdict against ``margin``, the smallest effect worth reporting
+(B better / A better / no difference / inconclusive with the seeds that would decide it). A variant whose mean
+lies within the margin of chance learned nothing at this budget, and the report says so: two such variants cannot
+be told apart. ``report`` is that part alone, a pure function of the values.
 
 A variant's seeds differ only in seed, so they train as one stack (``train_replicas``: one start-up, one
 compilation; one after another where a mixer cannot stack). On a GPU the two variants train side by side, B in a
@@ -16,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import multiprocessing as mp
 import os
 import re
@@ -24,22 +30,39 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from sandbox.analysis.stats import mean_ci, welch_test
+from sandbox.analysis import stats
 from sandbox.config import config_from_dict, parse_override, read_yaml, set_dotted, to_dict
 
-_TRAIN = {"steps": 800, "batch_size": 64, "lr": 3e-3, "eval_every": 100, "eval_batch_size": 256}
-# Small MQAR settings that separate mixers in seconds to minutes (CPU: minutes).
+# A preset is a base run on which a control learns within the preset's own budget, so that a variant at chance
+# says something about that variant, not about the budget.
 PRESETS = {
-    "mqar": {"task": {"name": "mqar", "seq_len": 64, "num_kv_pairs": 8, "vocab_size": 128, "test_examples": 512},
-             "model": {"d_model": 32, "n_layers": 2, "n_heads": 1}, "train": _TRAIN},
-    "mqar_gap": {"task": {"name": "mqar", "seq_len": 128, "num_kv_pairs": 8, "vocab_size": 128, "gap": 64,
-                          "test_examples": 512},
-                 "model": {"d_model": 32, "n_layers": 2, "n_heads": 1}, "train": _TRAIN},
-    "mqar_noise": {"task": {"name": "mqar", "seq_len": 128, "num_kv_pairs": 8, "vocab_size": 128, "noise": 64,
-                            "test_examples": 512},
-                   "model": {"d_model": 32, "n_layers": 2, "n_heads": 1}, "train": _TRAIN},
+    # CPU-sized: attention (the control: learned positions, 2 layers) reaches 0.99 within a few hundred steps.
+    # Recurrent mixers learn it with a short convolution (gla+conv_size=4), more slowly on a CPU.
+    "tiny": {"task": {"name": "mqar", "seq_len": 32, "num_kv_pairs": 4, "vocab_size": 64, "val_examples": 256,
+                      "test_examples": 512},
+             "model": {"d_model": 64, "n_layers": 2, "n_heads": 1, "positions": "learned", "channel_mixer": "swiglu"},
+             "train": {"steps": 1000, "batch_size": 128, "lr": 3e-3, "eval_every": 100, "eval_batch_size": 256,
+                       "early_stop": 0.99}},
+    # GPU-sized: the task, model and recipe of SSE's Figure 8 as this project runs it (zero tokens; --set task.gap=0
+    # --set task.noise=192 for its noise tokens; tests/test_compare.py keeps the two alike), at the learning rate its
+    # control chose at both settings. The control is attention with learned positions: `sandbox compare attention
+    # gla --task fig8 --set-a model.positions=learned`. Not run through `compare` yet: it needs a GPU (3000 steps of
+    # batch 256 at length 320).
+    "fig8": {"task": {"name": "mqar", "seq_len": 320, "num_kv_pairs": 16, "vocab_size": 8192, "gap": 192,
+                      "val_examples": 1024, "test_examples": 1024},
+             "model": {"d_model": 128, "n_layers": 2, "n_heads": 2, "channel_mixer": "swiglu",
+                       "gla": {"conv_size": 4}, "metala": {"conv_size": 4}},
+             "train": {"steps": 3000, "batch_size": 256, "lr": 2e-3, "eval_every": 250, "eval_batch_size": 512,
+                       "early_stop": 0.99}},
 }
 DONE = ("completed", "early_stopped")
+# What each run contributes (--metric), in words for the report's footnote.
+METRICS = {
+    "test_at_best_val": "each seed's test accuracy at the step chosen on val (its evaluation with the best val "
+                        "accuracy; one learning rate, not tuned)",
+    "best_accuracy": "each seed's best test accuracy over its evaluations (the step chosen on test: optimistic)",
+    "final_accuracy": "each seed's test accuracy at its last step",
+}
 
 
 def _is_yaml(spec: str) -> bool:
@@ -98,10 +121,12 @@ def _train_variant(configs: list[dict], dirs: list[str], progress: bool) -> tupl
 
 def _phases(results: list[dict]) -> dict:
     """Where a variant's time went: a stack's start-up, compilation and training once (its runs share them), every
-    run's evaluations; runs trained one after another, each run's."""
+    run's evaluations; runs trained one after another, each run's. A run of a stack that went on in a smaller group
+    once others stopped (down to a group of one) counts the stack's time and its group's, so the longest is the
+    stack's whole."""
     keys = ("startup", "compile", "capture", "train", "eval")
     got = [r.get("phases") or dict.fromkeys(keys, 0.0) for r in results]
-    stacked = all((r.get("replicas") or 1) > 1 for r in results)
+    stacked = any((r.get("replicas") or 1) > 1 for r in results)
     return {k: sum(p[k] for p in got) if k == "eval" or not stacked else max(p[k] for p in got) for k in keys}
 
 
@@ -120,15 +145,116 @@ def _train_variants(runs: list[list[tuple]], jobs: int, progress: bool) -> list[
         return [a, b.result()]
 
 
-def compare(a: str, b: str, seeds: int = 5, task: str = "mqar", sets=(), set_a=(), set_b=(),
-            metric: str = "best_accuracy", out=None, jobs: int | None = None, progress: bool = False,
-            log=print) -> dict:
+def chance_of(task: dict) -> float:
+    """The chance level of a resolved config's ``task`` section (the task contract's ``chance``)."""
+    from sandbox.analysis.verdicts.claims import chance_level
+    return chance_level(task)
+
+
+# task parameters named in the report whenever the task has them; any other is named where it differs from its
+# default
+_TASK_KEYS = ("seq_len", "num_kv_pairs", "vocab_size", "gap", "noise")
+
+
+def describe(cfg: dict, seeds: list[int]) -> dict[str, str]:
+    """What a variant ran, from its resolved config (``to_dict``): lines ``task``, ``model`` and ``training``."""
+    from sandbox.tasks import task_config_class
+    task = {k: v for k, v in cfg["task"].items() if k != "name"}
+    default = vars(task_config_class(cfg["task"]["name"])())
+    shown = [k for k in task if k in _TASK_KEYS or task[k] != default.get(k)]
+    m, t = cfg["model"], cfg["train"]
+    recipe = t["recipe"] or (f"none: AdamW betas ({t['betas'][0]}, {t['betas'][1]}), weight decay "
+                             f"{t['weight_decay']:g}, {t['warmup_frac']:.0%} warm-up then cosine")
+    stop = f", early stop at val accuracy {t['early_stop']:g}" if t["early_stop"] is not None else ""
+    return {
+        "task": f"{cfg['task']['name']} (" + ", ".join(f"{k} {task[k]}" for k in shown) + ")",
+        "model": f"d_model {m['d_model']}, {_count(m['n_layers'], 'layer')}, {_count(m['n_heads'], 'head')}, "
+                 f"positions {m['positions']}, channel mixer {m['channel_mixer']}",
+        "training": f"{t['steps']} steps{stop}, batch {t['batch_size']}, lr {t['lr']:g}, recipe {recipe}, precision "
+                    f"{t['precision']}; seeds {', '.join(map(str, seeds))}",
+    }
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def chance_warning(stuck: list[tuple[str, dict]], margin: float) -> str:
+    """The warning for variants (``(tag, variant)``) whose mean lies within ``margin`` of their chance level."""
+    fix = "Train longer (--set train.steps=N) or on an easier task (fewer pairs, a shorter sequence)."
+    if len(stuck) == 2:
+        (_, a), (_, b) = stuck
+        return (f"warning: A {a['label']} and B {b['label']} sit at chance (means {a['mean']:.3f} and {b['mean']:.3f}, "
+                f"chance {a['chance']:.3f}, margin {margin:g}): neither learned at this budget, so the comparison "
+                f"cannot tell the mixers apart. {fix}")
+    (tag, v), = stuck
+    other = "B" if tag == "A" else "A"
+    return (f"warning: {tag} {v['label']} sits at chance (mean {v['mean']:.3f} < chance {v['chance']:.3f} + margin "
+            f"{margin:g}): it learned nothing at this budget, so the effect measures whether {other} learns, not "
+            f"how two mixers that learn differ. {fix}")
+
+
+def report(variants: list[dict], margin: float = 0.05, metric: str = "test_at_best_val") -> tuple[list[str], dict]:
+    """The comparison of two variants' values, as lines to print and a summary to store.
+
+    ``variants``: A and B, each a dict with ``label``, ``values`` (one per seed, in [0, 1]) and ``chance`` (the
+    task's chance level), and optionally ``statuses``, ``state_size`` and ``train_s`` (training seconds per run).
+    The effect is mean(B) - mean(A); the verdict reads its 95% interval against ``stats.sides(margin)``."""
+    if margin <= 0:
+        raise ValueError(f"margin: must be > 0 (the smallest effect worth reporting), got {margin}")
+    if len(variants) != 2 or any(not v["values"] for v in variants):
+        raise ValueError("variants: need A and B, each with at least one value")
+    lines, out = [], {"variants": [], "metric": metric, "margin": margin}
+    width = max(len(v["label"]) for v in variants)
+    for tag, v in zip("AB", variants):
+        mean, lo, hi = stats.mean_ci(v["values"], bounds=(0.0, 1.0))
+        at_chance = mean - v["chance"] < margin
+        out["variants"].append({**v, "mean": mean, "ci95": [lo, hi], "at_chance": at_chance})
+        ci = f"[{lo:.3f}, {hi:.3f}]" if lo == lo else "[one seed]"
+        bad = [s for s in v.get("statuses", []) if s not in DONE]
+        extra = "".join([f"  state {v['state_size']:,}" if v.get("state_size") else "",
+                         f"  train {v['train_s']:.1f} s/run" if v.get("train_s") is not None else "",
+                         f"  ({len(bad)} {'/'.join(sorted(set(bad)))})" if bad else ""])
+        lines.append(f"{tag}  {v['label']:<{width}}  {mean:.3f} {ci}  seeds {' '.join(f'{x:.3f}' for x in v['values'])}"
+                     + extra)
+    a, b = out["variants"]
+    stuck = [(tag, v) for tag, v in zip("AB", (a, b)) if v["at_chance"]]
+    if stuck:
+        lines.append(chance_warning(stuck, margin))
+    e = stats.difference(b["values"], a["values"])
+    rules = dict(zip(("B better", "A better", "no difference"), stats.sides(margin)))
+    held = [name for name, rule in rules.items() if stats.decide(e, rule) == stats.HOLDS]
+    if len(stuck) == 2:
+        verdict = "not compared: both variants sit at chance"
+    elif held:
+        verdict = f"{held[0]} ({rules[held[0]].text()} holds)"
+    else:
+        verdict = f"{stats.OPEN}: {stats.seeds_text(e, rules['no difference'])}"
+    lo, hi = e.interval()
+    out["effect"] = {"b_minus_a": e.estimate, "ci95": [max(lo, -1.0), min(hi, 1.0)], "n": list(e.n),
+                     "p_superior": e.p_superior, "verdict": verdict,
+                     "seeds_to_decide": None if held else stats.seeds_to_decide(e, rules["no difference"])}
+    lines += [f"B - A: effect {stats.effect_text(e, (-1.0, 1.0))}  n {stats.n_text(e)}  P(B > A) "
+              f"{e.p_superior:.2f}  verdict: {verdict}",
+              f"Rule (--margin {margin:g}): B better when the whole 95% interval of the effect lies above {margin:+g}, "
+              f"A better when below {-margin:+g}, no difference when inside ±{margin:g}; else inconclusive.",
+              f"Values: {METRICS[metric]}; means with their 95% t interval clipped to [0, 1].",
+              f"Effect: mean(B) - mean(A) with Welch's 95% interval (seeds' spreads taken as at least "
+              f"{stats.SD_FLOOR}), clipped to [-1, 1]; P(B > A): the share of seed pairs where B's seed is higher."]
+    return lines, out
+
+
+def compare(a: str, b: str, seeds: int = 5, task: str = "tiny", sets=(), set_a=(), set_b=(),
+            metric: str = "test_at_best_val", margin: float = 0.05, out=None, jobs: int | None = None,
+            progress: bool = False, log=print) -> dict:
     if seeds < 1:
         raise ValueError(f"seeds: must be >= 1, got {seeds}")
     if jobs is not None and jobs < 1:
         raise ValueError(f"jobs: must be >= 1, got {jobs}")
-    if metric not in ("best_accuracy", "final_accuracy"):
-        raise ValueError(f"metric: must be best_accuracy or final_accuracy, got {metric!r}")
+    if metric not in METRICS:
+        raise ValueError(f"metric: must be one of {', '.join(METRICS)}, got {metric!r}")
+    if margin <= 0:
+        raise ValueError(f"margin: must be > 0 (the smallest effect worth reporting), got {margin}")
     variants = [variant_config(a, task, sets, set_a), variant_config(b, task, sets, set_b)]
     if variants[0][0] == variants[1][0]:
         variants = [(f"A:{variants[0][0]}", variants[0][1]), (f"B:{variants[1][0]}", variants[1][1])]
@@ -148,6 +274,14 @@ def compare(a: str, b: str, seeds: int = 5, task: str = "mqar", sets=(), set_a=(
     together = "side by side" if jobs > 1 else "one after the other"
     log(f"compare: {variants[0][0]}  vs  {variants[1][0]}  ({seeds} seeds each, each variant's seeds as one stack, "
         f"the variants {together}) -> {root}")
+    chances = [chance_of(v[0][1]["task"]) for v in runs]
+    what = [describe(v[0][1], [s for s, _, _ in v]) for v in runs]
+    for key in ("task", "model", "training"):
+        if what[0][key] == what[1][key]:
+            log(f"  {key}: {what[0][key]}" + (f"; chance {chances[0]:.3f}" if key == "task" else ""))
+        else:
+            for tag, w, c in zip("AB", what, chances):
+                log(f"  {key} of {tag}: {w[key]}" + (f"; chance {c:.3f}" if key == "task" else ""))
     t0 = time.perf_counter()
     trained = _train_variants(runs, min(jobs, 2), progress)
     for (label, _), variant, (results, seconds) in zip(variants, runs, trained):
@@ -156,36 +290,33 @@ def compare(a: str, b: str, seeds: int = 5, task: str = "mqar", sets=(), set_a=(
             f"{p['compile'] + p['capture']:.1f} s ({results[0].get('compile_cache') or 'step not compiled'}), "
             f"training {p['train']:.1f} s, evaluation {p['eval']:.1f} s")
         for (seed, _, _), res in zip(variant, results):
-            log(f"    seed {seed}: {metric} {res.get(metric) or 0:.4f} ({res['status']})")
+            log(f"    seed {seed}: {metric} {_value(res, metric, seed):.4f} ({res['status']})")
     wall = time.perf_counter() - t0
-    summary = {"variants": [], "metric": metric, "seeds": seeds, "wall_time_s": round(wall, 2), "out": str(root)}
     values = []
-    for (label, _), (mine, seconds) in zip(variants, trained):
-        vals = [float(r.get(metric) or 0.0) for r in mine]
-        values.append(vals)
-        m, lo, hi = mean_ci(vals)
+    for (label, _), variant, (mine, seconds), chance in zip(variants, runs, trained, chances):
         phases = {k: round(v, 2) for k, v in _phases(mine).items()}
-        summary["variants"].append({"label": label, "values": vals, "mean": m, "ci95": [lo, hi],
-                                    "statuses": [r["status"] for r in mine], "train_time_s": phases["train"],
-                                    "wall_time_s": round(seconds, 2), "phases": phases,
-                                    "params": mine[0].get("params"), "state_size": mine[0].get("state_size")})
-    width = max(len(v["label"]) for v in summary["variants"])
+        values.append({"label": label, "values": [_value(r, metric, s) for (s, _, _), r in zip(variant, mine)],
+                       "chance": chance,
+                       "statuses": [r["status"] for r in mine], "state_size": mine[0].get("state_size"),
+                       "train_s": phases["train"] / len(mine), "params": mine[0].get("params"),
+                       "wall_time_s": round(seconds, 2), "phases": phases})
+    lines, summary = report(values, margin, metric)
     log("")
-    for tag, v in zip("AB", summary["variants"]):
-        ci = "n/a (one seed)" if math.isnan(v["ci95"][0]) else f"[{v['ci95'][0]:.4f}, {v['ci95'][1]:.4f}]"
-        bad = [s for s in v["statuses"] if s not in DONE]
-        log(f"{tag}  {v['label']:<{width}}  {metric} mean {v['mean']:.4f}  95% CI {ci}  "
-            f"seeds: {' '.join(f'{x:.3f}' for x in v['values'])}  state {v['state_size'] or 0:,}  "
-            f"train {v['train_time_s'] / len(v['values']):.1f} s/run" + (f"  ({len(bad)} {'/'.join(set(bad))})" if bad else ""))
-    if seeds >= 2:
-        w = welch_test(values[1], values[0])
-        summary["welch"] = {"diff_b_minus_a": w.diff, "ci95": [w.low, w.high], "t": w.t, "df": w.df, "p": w.p}
-        verdict = "significant at the 5% level" if w.p < 0.05 else "not significant at the 5% level"
-        log(f"B - A: {w.diff:+.4f}  95% CI [{w.low:+.4f}, {w.high:+.4f}]  Welch t = {w.t:.3f}, df = {w.df:.1f}, "
-            f"p = {w.p:.4g}  ({verdict})")
-    else:
-        log("B - A: one seed per variant; use --seeds 2 or more for an interval and a test")
+    for line in lines:
+        log(line)
     log(f"wall time {wall:.1f} s for {2 * seeds} runs")
+    summary.update({"seeds": seeds, "wall_time_s": round(wall, 2), "out": str(root),
+                    "setup": {tag: {**w, "chance": c} for tag, w, c in zip("AB", what, chances)}})
     (root / "compare.json").parent.mkdir(parents=True, exist_ok=True)
     (root / "compare.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _value(result: dict, metric: str, seed) -> float:
+    v = result.get(metric)
+    if v is None:
+        if result["status"] in DONE:
+            raise ValueError(f"seed {seed}: its result has no {metric} (a run from before the val split?); "
+                             "use --metric best_accuracy")
+        return 0.0              # a run that diverged or failed before its first evaluation learned nothing
+    return float(v)

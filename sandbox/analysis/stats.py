@@ -21,6 +21,10 @@ observed means and spreads stayed as they are. Items of one claim are combined w
 adjustment over the claim's items (``combine``), applied to both the "holds" and the "does not hold" side, so a
 claim with one item reads its verdict straight off the printed 95% interval.
 
+``sides(m)`` are the three rules of a question with no expected direction (``sandbox compare``: B better, A better,
+or no difference). ``effect_text``, ``n_text`` and ``seeds_text`` word a comparison, so that ``sandbox verdict`` and
+``sandbox compare`` print it alike.
+
 ``seeds_for_power`` is the planning side: the seeds per cell that give a rule an 80% chance to hold when the
 true effect is the one the claim expects, from a pilot's spreads.
 """
@@ -209,6 +213,14 @@ def decide(effect: Effect, rule: Rule, alpha: float = (1 - LEVEL) / 2) -> str:
     return HOLDS if p_hold < alpha else FAILS if p_fail < alpha else OPEN
 
 
+def sides(margin: float) -> tuple[Rule, Rule, Rule]:
+    """The three rules of a two-sided question with no expected direction ("is B better than A, worse, or the
+    same?"): ``greater(margin)``, ``less(-margin)``, ``within(margin)``. Their 95% intervals cannot clear two of
+    them at once, so at most one holds; none holding is inconclusive, decided by the seeds ``within``'s
+    ``seeds_to_decide`` gives (its edges are the nearest ones the interval must clear, whichever way it goes)."""
+    return greater(margin), less(-margin), within(margin)
+
+
 def holm(ps: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (same order as ``ps``)."""
     m = len(ps)
@@ -264,12 +276,14 @@ def _clear(rule: Rule, estimate: float) -> float:
 
 def seeds_to_decide(effect: Effect, rule: Rule, items: int = 1) -> int | None:
     """Seeds per cell that would decide an inconclusive comparison if its means and spreads stayed as measured
-    (at the claim's Holm-adjusted worst level for ``items`` items); None beyond ``MAX_SEEDS``."""
+    (at the claim's Holm-adjusted worst level for ``items`` items); None beyond ``MAX_SEEDS``. More than it has:
+    the seeds it has did not decide it, though the pooled degrees of freedom used here (more than Welch's where
+    the spreads differ) may say they would."""
     gap = _clear(rule, effect.estimate)
     if gap <= 0:
         return None
     q = 1 - (1 - LEVEL) / 2 / items
-    for n in range(max(2, max(effect.n)), MAX_SEEDS + 1):
+    for n in range(max(2, max(effect.n) + 1), MAX_SEEDS + 1):
         if stats.t.ppf(q, _df_at(len(effect.sds), n)) * _se_at(effect.sds, n) < gap:
             return n
     return None
@@ -293,26 +307,31 @@ def seeds_for_power(sds: Sequence[float], rule: Rule, power: float = 0.8, items:
     return None
 
 
-# ---- kept for callers of the two-sample test -------------------------------------------------------------------
+# ---- words: how a comparison reads, in `sandbox verdict` and `sandbox compare` alike ---------------------------
 
-@dataclass
-class Welch:
-    diff: float          # mean(a) - mean(b)
-    low: float           # confidence interval of the difference
-    high: float
-    t: float
-    df: float
-    p: float             # two-sided
+def effect_text(effect: Effect, bounds: tuple[float, float] = (-math.inf, math.inf)) -> str:
+    """``+0.123 [+0.050, +0.200]``: the estimate and its 95% interval, clipped to ``bounds`` (the range the effect
+    can take: a difference of accuracies lies in [-1, 1], the whole range where a cell has one seed); ``[one
+    seed]`` for an unbounded effect with no interval."""
+    lo, hi = effect.interval()
+    lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
+    if not math.isfinite(lo):
+        return f"{effect.estimate:+.3f} [one seed]"
+    return f"{effect.estimate:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
 
-def welch_test(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Welch:
-    """Welch's two-sample t-test of mean(a) == mean(b) and the interval of the difference."""
-    if len(a) < 2 or len(b) < 2:
-        raise ValueError("seeds: Welch's test needs at least two values per variant")
-    diff = sum(a) / len(a) - sum(b) / len(b)
-    if min(a) == max(a) and min(b) == max(b):   # both constant (scipy gives NaN): equal or certainly apart
-        return Welch(diff, diff, diff, 0.0 if diff == 0 else math.copysign(math.inf, diff),
-                     float(len(a) + len(b) - 2), 1.0 if diff == 0 else 0.0)
-    r = stats.ttest_ind(a, b, equal_var=False)
-    ci = r.confidence_interval(level)
-    return Welch(diff, float(ci.low), float(ci.high), float(r.statistic), float(r.df), float(r.pvalue))
+def n_text(effect: Effect) -> str:
+    """Seeds per cell, ``3 / 3``."""
+    return " / ".join(str(k) for k in effect.n)
+
+
+def seeds_text(effect: Effect, rule: Rule, items: int = 1) -> str:
+    """How many seeds per cell would decide an inconclusive comparison, in words."""
+    k = seeds_to_decide(effect, rule, items)
+    if min(effect.n) < 2:
+        at_most = f"{k}" if k else f"more than {MAX_SEEDS}"
+        return f"one seed measures no spread: {at_most} seeds per cell at the largest spread an accuracy can have"
+    if k is None:
+        return f"more than {MAX_SEEDS} seeds per cell (its effect lies on the margin)"
+    return f"{k} seeds per cell would decide it at the measured means and spreads"
+

@@ -263,14 +263,11 @@ class Claim:
                 why = f"not compared: {item.reason}" if item.reason else "not run"
                 lines.append(f"| {item.name} | {a} | {b} | - | - | - | {why} |")
                 continue
-            lo, hi = e.interval()
-            lo, hi = max(lo, item.bounds()[0]), min(hi, item.bounds()[1])
-            n = " / ".join(str(k) for k in e.n)
-            interval = f"{e.estimate:+.3f} [{lo:+.3f}, {hi:+.3f}]" if math.isfinite(lo) else f"{e.estimate:+.3f} [one seed]"
             sup = f"{e.p_superior:.2f}" if e.p_superior is not None else "-"
-            lines.append(f"| {item.name} | {a} | {b} | {n} | {interval} | {sup} | {outcome} |")
+            lines.append(f"| {item.name} | {a} | {b} | {stats.n_text(e)} | {stats.effect_text(e, item.bounds())} "
+                         f"| {sup} | {outcome} |")
             if outcome == OPEN:
-                undecided.append(f"{item.name}: {_seeds_text(e, item.rule, len(self.items))}")
+                undecided.append(f"{item.name}: {stats.seeds_text(e, item.rule, len(self.items))}")
         if undecided:
             lines += ["", "Inconclusive: " + "; ".join(undecided) + "."]
         return "\n".join(lines)
@@ -289,17 +286,6 @@ class Claim:
             lines.append(f"| {name} | {rule_cell} | {rule.planned_effect():+.2f} | {sd} | "
                          f"{n if n is not None else 'more than %d, or the expected effect cannot hold' % stats.MAX_SEEDS} |")
         return "\n".join(lines)
-
-
-def _seeds_text(e: Effect, rule: Rule, items: int) -> str:
-    """How many seeds per cell would decide an inconclusive comparison, in words."""
-    k = stats.seeds_to_decide(e, rule, items)
-    if min(e.n) < 2:
-        at_most = f"{k}" if k else f"more than {stats.MAX_SEEDS}"
-        return f"one seed measures no spread: {at_most} seeds per cell at the largest spread an accuracy can have"
-    if k is None:
-        return f"more than {stats.MAX_SEEDS} seeds per cell (its effect lies on the margin)"
-    return f"{k} seeds per cell would decide it at the measured means and spreads"
 
 
 @dataclass
