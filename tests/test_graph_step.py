@@ -7,6 +7,8 @@ import torch
 from sandbox.config import load_config
 from sandbox.train import build, train, use_cuda_graph
 
+from replay import replay_gap
+
 BASE = {"task": {"name": "mqar", "seq_len": 32, "num_kv_pairs": 4, "vocab_size": 64, "test_examples": 64},
         "model": {"mixer": "gla", "d_model": 64, "n_layers": 2, "n_heads": 2},
         "train": {"steps": 30, "batch_size": 16, "lr": 3e-3, "eval_every": 15, "log_every": 5,
@@ -128,24 +130,7 @@ def test_a_replay_on_a_new_batch_is_the_eager_step_from_the_same_state(model):
         step(x, y)
     assert step.graph is not None
     state = _state(step)
-    before = [t.clone() for t in state]
-    step(*batches[3])
-    torch.cuda.synchronize()
-    replayed = [t.clone() for t in state]
-    with torch.no_grad():
-        for t, b in zip(state, before):
-            t.copy_(b)
-    step.stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(step.stream):
-        step._step(*batches[3])
-    torch.cuda.synchronize()
-
-    def rel(a, b):
-        a, b = a.double(), b.double()
-        return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
-
-    moved = rel(replayed[0], before[0])
-    gap = max(rel(r, e) for r, e in zip(replayed, state))
+    moved, gap = replay_gap(step, state, batches[3])
     print(f"one replayed step moved the weights {moved:.1e}; replay vs eager {gap:.1e}")
     assert moved > 1e-4          # the step did something
     assert gap <= 1e-6, f"replay vs eager step from the same state: {gap:.2e} (the step moved {moved:.2e})"

@@ -15,6 +15,8 @@ from sandbox.mixers.block_sparse import topk_block_mask
 from sandbox.mixers.swa import ChosenBlocks, Retained, SinkWindow, block_mask, flex_attend
 from sandbox.train import Group, build, train, train_replicas, use_cuda_graph
 
+from replay import replay_gap
+
 OPTIONS = {"swa": {"window": 13, "sinks": 2},
            "lte": {"window": 13, "sinks": 2, "cap": 4, "lambda_every": 1, "dropout": 0.0},
            "moba": {"block_size": 8, "top_k": 2},
@@ -212,24 +214,7 @@ def test_a_replayed_hybrid_step_is_the_compiled_step_from_the_same_state(mixer):
     assert step.graph is not None
     opt = step.optimizer
     state = [opt.flat, opt.exp_avg, opt.exp_avg_sq, step.counter, step.loss_sum, step.lr, *m.buffers()]
-    before = [t.clone() for t in state]
-    step(*batches[3])
-    torch.cuda.synchronize()
-    replayed = [t.clone() for t in state]
-    with torch.no_grad():
-        for t, b in zip(state, before):
-            t.copy_(b)
-    step.stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(step.stream):
-        step._step(*batches[3])
-    torch.cuda.synchronize()
-
-    def rel(a, b):
-        a, b = a.double(), b.double()
-        return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
-
-    moved = rel(replayed[0], before[0])
-    gap = max(rel(r, e) for r, e in zip(replayed, state))
+    moved, gap = replay_gap(step, state, batches[3])
     print(f"one replayed step moved the weights {moved:.1e}; replay vs compiled step {gap:.1e}")
     assert moved > 1e-4
     assert gap <= 1e-6, f"replay vs compiled step from the same state: {gap:.2e} (the step moved {moved:.2e})"
