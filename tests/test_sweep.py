@@ -8,10 +8,12 @@ needs a server on loopback (.ci/postgres.sh); it is skipped only outside CI.
 from __future__ import annotations
 
 import csv
+import gzip
 import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -124,6 +126,17 @@ def test_grid_two_workers_every_point_once_and_resume_is_a_no_op(tmp_path):
     assert r2.returncode == 0, r2.stdout + r2.stderr
     assert "(0 newly queued)" in r2.stdout
     assert len(trials_of(out)) == len(trials)
+
+    # a committed run keeps its journal gzipped (figures/README.md): resumed there, it queues nothing either
+    committed = tmp_path / "committed"
+    committed.mkdir()
+    for name in ("results.csv", "summary.md", "summary.csv", "sweep.yaml"):
+        shutil.copy(out / name, committed / name)
+    (committed / "study.journal.gz").write_bytes(gzip.compress((out / "study.journal").read_bytes()))
+    r3 = run_sweep(path, committed, "--workers", "1")
+    assert r3.returncode == 0, r3.stdout + r3.stderr
+    assert "(0 newly queued)" in r3.stdout and "study.journal.gz: unpacked" in r3.stdout
+    assert len(trials_of(committed)) == len(trials)
 
     # status of a finished sweep
     assert main(["sweep", "status", str(out)]) == 0

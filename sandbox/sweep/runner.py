@@ -26,7 +26,8 @@ from pathlib import Path
 from sandbox.train.files import write_json
 from sandbox.sweep import packing
 from sandbox.sweep.storage import DEFAULT_TIMEOUT_S, EXIT_STORAGE, StorageUnavailable
-from sandbox.sweep.study import enqueue_points, open_storage, prepare_study, reap, trials_in, uses_heartbeat
+from sandbox.sweep.study import (enqueue_points, open_storage, prepare_study, reap, trials_in, unpack_journal,
+                                  uses_heartbeat)
 
 # ---- launcher ------------------------------------------------------------------------------
 
@@ -152,10 +153,13 @@ def _open_study(spec, sweep_dir, storage_url, heartbeat, storage_timeout, retry_
     write_json(sweep_dir / "sweep.json", {"study": spec.name, "source": str(spec.source),
                                           "storage": _public_url(storage_url) if storage_url else None,
                                           "overrides": spec.overrides})
+    unpacked = None if storage_url else unpack_journal(sweep_dir)
     storage = open_storage(sweep_dir, storage_url, heartbeat, storage_timeout)
     study = prepare_study(spec, storage)
     shutil.copyfile(spec.source, sweep_dir / "sweep.yaml")
     notes = reap(study, uses_heartbeat(storage), adopt_foreign=True)
+    if unpacked:
+        notes.insert(0, unpacked)
     added = enqueue_points(study, spec, retry_failed, retrain)
     return study, added, notes
 

@@ -67,6 +67,19 @@ FINAL_FAIL = "failure"
 
 # ---- storage and study ------------------------------------------------------------------
 
+def unpack_journal(sweep_dir: Path) -> str | None:
+    """A committed run keeps its journal gzipped (``study.journal.gz``, figures/README.md): a sweep resumed in such
+    a directory unpacks it first rather than starting an empty study beside it. Returns a note when it did."""
+    path, packed = sweep_dir / "study.journal", sweep_dir / "study.journal.gz"
+    if path.exists() or not packed.exists():
+        return None
+    import gzip
+    import shutil
+    with gzip.open(packed, "rb") as src, open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return f"{packed.name}: unpacked to {path.name}; the study goes on from it"
+
+
 def open_storage(sweep_dir: Path, url: str | None, heartbeat: int | None = None,
                  timeout: float = DEFAULT_TIMEOUT_S, say=None):
     """The journal file inside the sweep directory, or an RDB (PostgreSQL) URL with heartbeats;
