@@ -158,9 +158,14 @@ def compile_bytecode(*codes: Path) -> None:
                        capture_output=True)
 
 
-def git_commit(code: Path) -> str | None:
+def git_commit(code: Path) -> str:
+    """The commit of a checkout; a copied tree (no repository of its own) is named by its folder, since git would
+    answer for the repository around it."""
+    top = subprocess.run(["git", "-C", str(code), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if top.returncode or Path(top.stdout.strip()).resolve() != Path(code).resolve():
+        return Path(code).name
     p = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return p.stdout.strip() or None
+    return p.stdout.strip()
 
 
 def rule_rows(done: dict) -> list[dict]:
@@ -304,7 +309,7 @@ def main(argv=None) -> int:
     for f in [*a.resume, *([path] if path.exists() else [])]:
         done.update(json.loads(Path(f).read_text())["done"])
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": git_commit(ROOT),
-            "ref": (git_commit(ref) or str(ref)) if ref else None, "date": datetime.date.today().isoformat()}
+            "ref": git_commit(ref) if ref else None, "date": datetime.date.today().isoformat()}
     compile_bytecode(ROOT, *([ref] if ref else []))
     plan = train_plan(names, ref is not None, what) if what & {"train", "rule"} else []
     if "compare" in what:
