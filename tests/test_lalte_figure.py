@@ -320,6 +320,20 @@ def test_the_figure_scaled_down_runs_end_to_end_on_the_cpu(tmp_path):
         assert float(r["cache_out_of_window_max"]) <= cap
         assert 0 <= float(r["capped_accuracy"]) <= 1 and 0 <= float(r["mask_accuracy"]) <= 1
         assert float(r["kv_per_head"]) <= 16 + 4 + cap and r["selected_on"] == "val"
+    # scored again where one checkpoint is gone (trained on another machine): the file keeps that run's row, and
+    # without the file that cell is left out and named
+    first = (out / fig.SCORES).read_text()
+    gone = Path(scored[0]["run_dir"]) / "checkpoint.pt"
+    gone.unlink()
+    assert "not scored here" not in script(FOLDER / "score_twice.py", out, "--device", "cpu", "--batch-size", 16)
+    assert (out / fig.SCORES).read_text() == first
+    (out / fig.SCORES).unlink()
+    said = script(FOLDER / "score_twice.py", out, "--device", "cpu", "--batch-size", 16)
+    assert f"not scored here, no checkpoint: {scored[0]['row']}, G {scored[0]['G']}, seed {scored[0]['seed']}" in said
+    with open(out / fig.SCORES, newline="") as f:
+        assert len(list(csv.DictReader(f))) == len(scored) - 1
+    (out / fig.SCORES).write_text(first)
+
     text = verdict()
     claim4, claim6 = text.split("**4:")[1].split("**5:")[0], text.split("**6:")[1]
     assert "not run" not in claim4 and "not run" not in claim6

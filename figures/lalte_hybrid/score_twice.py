@@ -36,19 +36,37 @@ def figure():
 
 
 def score(sweep_dir, device: str = "auto", batch_size: int = 256, log=print) -> Path:
-    """Writes and returns ``sweep_dir/lte_eval.csv``."""
+    """Writes and returns ``sweep_dir/lte_eval.csv``. A run already scored there (the same run chosen for its cell)
+    keeps its row; a chosen run without a checkpoint here (trained on another machine, whose checkpoints did not
+    travel) keeps the row scored where it trained, or is left out and named. So the sweep's parts can be scored on
+    each machine that trained some of them, each call adding its rows to the file."""
     fig, t = figure(), Table(sweep_dir)
     _, pairs, gaps = fig.geometry(t)
-    out = []
+    path = Path(sweep_dir) / fig.SCORES
+    before = {}
+    if path.exists():
+        with path.open(newline="") as f:
+            before = {(r["row"], int(r["G"]), int(r["seed"])): r for r in csv.DictReader(f)}
+    out, missing = [], []
     for row in fig.lte_rows(pairs):
         for g in gaps.values():
             chosen = t.best_rows(**fig.rows(pairs)[row], **{"task.distance": g})
             for seed, r in sorted(chosen.items()):
                 run = Path(r["sweep_dir"]) / r["run_dir"]
+                old = before.get((row, g, seed))
+                if old is not None and Path(old["run_dir"]).name == run.name:     # trial folders are unique
+                    out.append(old)
+                    continue
+                if not (run / "checkpoint.pt").is_file():
+                    missing.append(f"{row}, G {g}, seed {seed} ({run})")
+                    if old is not None:
+                        out.append(old)          # scored where an earlier choice trained; the new one cannot be
+                    continue
                 res = score_run(run, device, batch_size)
                 out.append(_csv_row(row, g, seed, r, run, res))
                 log(f"{row}, G {g}, seed {seed}: mask {res['mask']:.4f}, capped {res['capped']:.4f} ({run})")
-    path = Path(sweep_dir) / fig.SCORES
+    for m in missing:
+        log(f"not scored here, no checkpoint: {m}")
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, FIELDS)
         w.writeheader()
