@@ -17,7 +17,10 @@ then warm (other seeds and learning rate).
 uncompiled and compiled steps/s, and what compiling adds to the set-up with cold and with warm caches), written as
 OUT/compile_rule.json, the format of results/throughput/compile_rule.json (copy it there to use them).
 
-Python's bytecode of both codes is compiled first (not timed). Measurements accumulate in OUT/time_to_result.json:
+Python's bytecode is compiled first, not timed, into a folder every measured process reads and adds to
+(``PYTHONPYCACHEPREFIX``, with ``PYTHONDONTWRITEBYTECODE`` dropped): both codes, the standard library and the
+installed packages, torch's compiler stack among them. An installed torch has its bytecode (pip compiles it); an
+image that ships without it, and forbids writing it, would charge every process the compilation of that source. Measurements accumulate in OUT/time_to_result.json:
 a rerun into the same OUT, or one given earlier files (``--resume``), skips what they hold, so a long list can be
 measured over several runs (``--time-limit`` starts nothing that would end past it, judged by the longest
 measurement so far; a warm run whose cold run was on another machine repeats that cold run first).
@@ -66,6 +69,7 @@ COMPARE_SEEDS = 5
 WARM = {"cold": (0, 1.0), "warm": (5, 0.5)}
 CACHE_ROOT = Path("/tmp/time_to_result_caches")   # per measurement: Inductor's, Triton's and CUDA's caches
 RUNS_ROOT = Path("/tmp/time_to_result_runs")      # the runs' directories (checkpoints, events): not the output
+PYCACHE = Path("/tmp/time_to_result_pycache")     # Python's bytecode, for every measured process
 
 
 def cache_env(key: str, fresh: bool) -> dict:
@@ -73,9 +77,9 @@ def cache_env(key: str, fresh: bool) -> dict:
     if fresh:
         shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "SANDBOX_COMPILE_CACHE"}
+    env = {k: v for k, v in os.environ.items() if k not in ("SANDBOX_COMPILE_CACHE", "PYTHONDONTWRITEBYTECODE")}
     return {**env, "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
-            "CUDA_CACHE_PATH": str(root / "cuda"), "PYTHONUNBUFFERED": "1"}
+            "CUDA_CACHE_PATH": str(root / "cuda"), "PYTHONUNBUFFERED": "1", **bytecode_env()}
 
 
 def timed(cmd: list[str], code: Path, env: dict, cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
@@ -152,10 +156,20 @@ def train_plan(names: list[str], with_ref: bool, what: set) -> list[tuple[str, P
     return plan
 
 
+def bytecode_env() -> dict:
+    return {"PYTHONPYCACHEPREFIX": str(PYCACHE)}
+
+
 def compile_bytecode(*codes: Path) -> None:
-    for code in codes:
-        subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", str(code / "sandbox")],
-                       capture_output=True)
+    """Both codes', the standard library's and the installed packages' bytecode, into ``PYCACHE``."""
+    import sysconfig
+    where = [code / "sandbox" for code in codes] + [Path(sysconfig.get_paths()[k]) for k in ("stdlib", "purelib",
+                                                                                                "platlib")]
+    where += [Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).is_dir()
+              and Path(p).resolve() != ROOT]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", *sorted({str(w) for w in where})],
+                   capture_output=True, env={**env, **bytecode_env()})
 
 
 def git_commit(code: Path) -> str:

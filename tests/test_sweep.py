@@ -121,10 +121,11 @@ def test_grid_two_workers_every_point_once_and_resume_is_a_no_op(tmp_path):
     md = (out / "summary.md").read_text()
     assert "Mean ± std over seeds" in md and "stacks training at once" in md
 
-    # rerunning the same file resumes: nothing is queued or run again
-    r2 = run_sweep(path, out, "--workers", "2")
+    # rerunning the same file resumes: nothing is queued or run again (Python's bytecode cache set: no note on it)
+    cached = {k: v for k, v in ENV.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    r2 = run_sweep(path, out, "--workers", "2", env={**cached, "PYTHONPYCACHEPREFIX": str(tmp_path / "pyc")})
     assert r2.returncode == 0, r2.stdout + r2.stderr
-    assert "(0 newly queued)" in r2.stdout
+    assert "(0 newly queued)" in r2.stdout and "may not write bytecode" not in r2.stdout
     assert len(trials_of(out)) == len(trials)
 
     # a committed run keeps its journal gzipped (figures/README.md): resumed there, it queues nothing either
@@ -133,9 +134,10 @@ def test_grid_two_workers_every_point_once_and_resume_is_a_no_op(tmp_path):
     for name in ("results.csv", "summary.md", "summary.csv", "sweep.yaml"):
         shutil.copy(out / name, committed / name)
     (committed / "study.journal.gz").write_bytes(gzip.compress((out / "study.journal").read_bytes()))
-    r3 = run_sweep(path, committed, "--workers", "1")
+    r3 = run_sweep(path, committed, "--workers", "1", env={**cached, "PYTHONDONTWRITEBYTECODE": "1"})
     assert r3.returncode == 0, r3.stdout + r3.stderr
     assert "(0 newly queued)" in r3.stdout and "study.journal.gz: unpacked" in r3.stdout
+    assert "Python may not write bytecode here" in r3.stdout           # each worker would compile torch's source
     assert len(trials_of(committed)) == len(trials)
 
     # status of a finished sweep

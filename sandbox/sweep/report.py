@@ -270,7 +270,7 @@ TIMING_NOTE = ("Stacks training at once: the stacks' own wall times, each counte
 def stack_rows(trials, since: float | None = None) -> list[dict]:
     """Where a sweep's time went: one row per stack a worker trained, in the order they started: seconds from the
     first start (or ``since``) to its start and end, the grid values its trials share (of those the sweep varies),
-    its set-up, the step it ran compiled from, whether a helper had compiled it (precompile.py), and its training
+    its set-up, the step it ran compiled from, what torch's compile caches gave it, and its training
     rate (its steps once ready over their seconds: set-up and evaluations left out)."""
     done = [t for t in _ran(trials, since) if t.user_attrs.get("result")]
     if not done:

@@ -182,6 +182,10 @@ def _plan(spec, sweep_dir, gpus, workers, workers_per_gpu, stack, time_limit, co
             mps = None
         if mps is not None and workers_per_gpu is None:
             workers_per_gpu, grow = packing.START_WORKERS_PER_GPU, True
+    if sys.dont_write_bytecode and not sys.pycache_prefix:
+        notes.append("start-up: Python may not write bytecode here (PYTHONDONTWRITEBYTECODE), so every worker "
+                     "compiles torch's source again as it imports it (seconds each); PYTHONPYCACHEPREFIX=DIR "
+                     "with that variable unset gives them one cache")
     slots = worker_slots(gpus, workers, workers_per_gpu)
     until = time.time() + time_limit if time_limit is not None else None
     packing.clear_pace(sweep_dir)
