@@ -5,8 +5,8 @@ torch's caches gave it.
 would save over the run exceed what compiling costs at its start (``estimate``). Both come from reference
 configurations measured on a GPU (``RULE_FILE``, written by ``benchmarks/time_to_result.py``, which says the command,
 the GPU, the commit and the date): the nearest reference's eager and compiled step, scaled to this configuration's
-work, and its compile seconds with warm caches (a configuration usually runs more than once on a machine: seeds,
-learning rates, the variants of a compare; only the first pays a cold compilation). The decision is a function of
+work, and its compile seconds from empty caches: so a compiled run is never slower than the same run uncompiled,
+on a fresh machine too, and the runs after it, with torch's caches warm, gain more. The decision is a function of
 the configuration alone, never of timings or of what the caches hold, because a compiled and an eager step round
 differently: a configuration takes the same path in every rerun. The eager path keeps its CUDA graph where the
 mixers allow it (``group.use_cuda_graph``).
