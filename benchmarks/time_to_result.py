@@ -20,10 +20,12 @@ OUT/compile_rule.json, the format of results/throughput/compile_rule.json (copy 
 Python's bytecode is compiled first, not timed, into a folder every measured process reads and adds to
 (``PYTHONPYCACHEPREFIX``, with ``PYTHONDONTWRITEBYTECODE`` dropped): both codes, the standard library and the
 installed packages, torch's compiler stack among them. An installed torch has its bytecode (pip compiles it); an
-image that ships without it, and forbids writing it, would charge every process the compilation of that source. Measurements accumulate in OUT/time_to_result.json:
-a rerun into the same OUT, or one given earlier files (``--resume``), skips what they hold, so a long list can be
-measured over several runs (``--time-limit`` starts nothing that would end past it, judged by the longest
-measurement so far; a warm run whose cold run was on another machine repeats that cold run first).
+image that ships without it, and forbids writing it, would charge every process the compilation of that source.
+
+Measurements accumulate in OUT/time_to_result.json: a rerun into the same OUT, or one given earlier files
+(``--resume``), skips what they hold, so a long list can be measured over several runs (``--time-limit`` starts
+nothing that would end past it, judged by the longest measurement so far; a warm run whose cold run was on another
+machine repeats that cold run first).
 OUT/time_to_result.md holds the tables. The runs themselves go to /tmp.
 """
 from __future__ import annotations
@@ -77,9 +79,9 @@ def cache_env(key: str, fresh: bool) -> dict:
     if fresh:
         shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("SANDBOX_COMPILE_CACHE", "PYTHONDONTWRITEBYTECODE")}
+    env = {k: v for k, v in bytecode_env().items() if k != "SANDBOX_COMPILE_CACHE"}
     return {**env, "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
-            "CUDA_CACHE_PATH": str(root / "cuda"), "PYTHONUNBUFFERED": "1", **bytecode_env()}
+            "CUDA_CACHE_PATH": str(root / "cuda"), "PYTHONUNBUFFERED": "1"}
 
 
 def timed(cmd: list[str], code: Path, env: dict, cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
@@ -157,7 +159,9 @@ def train_plan(names: list[str], with_ref: bool, what: set) -> list[tuple[str, P
 
 
 def bytecode_env() -> dict:
-    return {"PYTHONPYCACHEPREFIX": str(PYCACHE)}
+    """This process's environment, its Python reading and writing bytecode in ``PYCACHE``."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "PYTHONPYCACHEPREFIX": str(PYCACHE)}
 
 
 def compile_bytecode(*codes: Path) -> None:
@@ -167,9 +171,8 @@ def compile_bytecode(*codes: Path) -> None:
                                                                                                 "platlib")]
     where += [Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).is_dir()
               and Path(p).resolve() != ROOT]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", *sorted({str(w) for w in where})],
-                   capture_output=True, env={**env, **bytecode_env()})
+                   capture_output=True, env=bytecode_env())
 
 
 def git_commit(code: Path) -> str:

@@ -39,10 +39,12 @@ The pruner compares trials of one grid point only (``GridMedianPruner``).
 """
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
 import random
+import shutil
 import statistics
 import socket
 import time
@@ -73,8 +75,6 @@ def unpack_journal(sweep_dir: Path) -> str | None:
     path, packed = sweep_dir / "study.journal", sweep_dir / "study.journal.gz"
     if path.exists() or not packed.exists():
         return None
-    import gzip
-    import shutil
     with gzip.open(packed, "rb") as src, open(path, "wb") as dst:
         shutil.copyfileobj(src, dst)
     return f"{packed.name}: unpacked to {path.name}; the study goes on from it"
