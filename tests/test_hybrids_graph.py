@@ -144,28 +144,36 @@ def _weights(run_dir):
     return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
 
 
-def test_stacked_hybrid_replicas_equal_solo_runs(tmp_path):
-    """GDN + LTE: three replicas (learning rates 1e-3, 3e-3, 1e-2; seeds 0, 0, 1) trained as one vmapped model end
-    with the weights, buffers (LTE's lambda, its running count and step: updated in the forward) and test losses
-    of three solo runs."""
+def _stacked_and_solo(tmp_path, mixer: str, **train_kw):
+    """Three [gated_deltanet, mixer] replicas (learning rates 1e-3, 3e-3, 1e-2; seeds 0, 0, 1) trained as one
+    vmapped model and as three solo runs: (stacked, solo) run directories."""
     cfgs = []
     for lr, seed in ((1e-3, 0), (3e-3, 0), (1e-2, 1)):
-        data = hybrid("lte", lr=lr)
+        data = hybrid(mixer, lr=lr, **train_kw)
         data["seed"] = seed
         cfgs.append(load_config(data=data))
     res = train_replicas(cfgs, [tmp_path / "stacked" / str(i) for i in range(3)], progress=False)
     assert [r["replicas"] for r in res] == [3, 3, 3]
     for i, c in enumerate(cfgs):
         train(c, tmp_path / "solo" / str(i), progress=False)
-    for i in range(3):
-        a, b = _weights(tmp_path / "stacked" / str(i)), _weights(tmp_path / "solo" / str(i))
+    return [tmp_path / "stacked" / str(i) for i in range(3)], [tmp_path / "solo" / str(i) for i in range(3)]
+
+
+@pytest.mark.parametrize("mixer", OPTIONS)
+def test_stacked_hybrid_replicas_equal_solo_runs(tmp_path, mixer):
+    """Stacked replicas (attention written out under vmap) end with the weights, buffers (LTE's lambda, its running
+    count and step: updated in the forward) and test losses of solo runs (SDPA under the pattern's mask)."""
+    stacked, solo = _stacked_and_solo(tmp_path, mixer)
+    for i, (sd, od) in enumerate(zip(stacked, solo)):
+        a, b = _weights(sd), _weights(od)
         for k in b:
             torch.testing.assert_close(a[k], b[k], rtol=1e-9, atol=1e-11, msg=f"replica {i}: {k}")
-        ra, rb = (json.loads((tmp_path / d / str(i) / "result.json").read_text()) for d in ("stacked", "solo"))
+        ra, rb = (json.loads((d / "result.json").read_text()) for d in (sd, od))
         assert [h["test/loss"] for h in ra["history"]] == pytest.approx([h["test/loss"] for h in rb["history"]],
                                                                          rel=1e-9)
-    solo = _weights(tmp_path / "solo" / "2")
-    assert solo["blocks.1.mixer.lam_step"] == 4 and (solo["blocks.1.mixer.lam"] > 1e-9).all()    # lambda moved
+    if mixer == "lte":
+        w = _weights(solo[2])
+        assert w["blocks.1.mixer.lam_step"] == 4 and (w["blocks.1.mixer.lam"] > 1e-9).all()    # lambda moved
 
 
 # ---- on a GPU: the compiled FlexAttention path, and a replayed CUDA graph -------------------------------
@@ -193,8 +201,22 @@ def test_compiled_flex_attention_equals_sdpa_on_the_gpu(name):
         assert ((a - b).norm() / b.norm()).item() < 2e-3
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA's fused attention kernels need a GPU")
+@pytest.mark.parametrize("mixer", OPTIONS)
+def test_stacked_hybrid_replicas_train_on_the_gpu_as_solo_runs(tmp_path, mixer):
+    """On CUDA the one fused kernel that takes a mask (memory-efficient attention) fails on vmap's batched tensors;
+    stacked replicas must train there, uncompiled, float32, to the weights of solo runs (which use that kernel)."""
+    stacked, solo = _stacked_and_solo(tmp_path, mixer, precision="fp32", device="cuda", compile=False,
+                                      cuda_graph=False)
+    for i, (sd, od) in enumerate(zip(stacked, solo)):
+        a, b = _weights(sd), _weights(od)
+        for k in b:
+            torch.testing.assert_close(a[k].cpu().double(), b[k].cpu().double(), rtol=1e-3, atol=1e-5,
+                                       msg=f"replica {i}: {k}")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("mixer", ["swa", "lte"])
+@pytest.mark.parametrize("mixer", ["swa", "lte", "moba"])
 def test_a_replayed_hybrid_step_is_the_compiled_step_from_the_same_state(mixer):
     """One replayed step of the compiled GDN + sparse-attention step (FlexAttention with block masks built on
     the device; a batch the capture never saw) against the same compiled step run outside the graph from the

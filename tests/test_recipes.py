@@ -62,12 +62,13 @@ def test_dropout_acts_in_training_only():
     assert torch.equal(model(x), model(x))
 
 
-def test_attention_dropout_path_equals_sdpa_without_dropout():
-    """The written-out attention (used with dropout) is softmax attention: at p -> 0 it equals SDPA."""
+def test_written_out_attention_equals_sdpa_without_dropout():
+    """The written-out attention (used with dropout, and for stacked replicas under a mask) is softmax attention:
+    at p = 0 it equals SDPA."""
     import torch.nn.functional as F
-    from sandbox.mixers.attention import _attention_with_dropout, causal_window_mask
+    from sandbox.mixers.attention import softmax_attention, causal_window_mask
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, 16, 8, dtype=torch.float64) for _ in range(3))
-    assert torch.allclose(_attention_with_dropout(q, k, v, None, 0.0), F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    assert torch.allclose(softmax_attention(q, k, v, None, 0.0), F.scaled_dot_product_attention(q, k, v, is_causal=True))
     mask = causal_window_mask(16, 4, "cpu")
-    assert torch.allclose(_attention_with_dropout(q, k, v, mask, 0.0), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    assert torch.allclose(softmax_attention(q, k, v, mask, 0.0), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))

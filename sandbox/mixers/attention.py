@@ -25,14 +25,25 @@ def causal_window_mask(seq_len: int, window: int | None, device) -> torch.Tensor
     return (j <= i) & (i - j < window)
 
 
-def _attention_with_dropout(q, k, v, mask, p: float) -> torch.Tensor:
-    """Softmax attention with dropout on its weights, written out: SDPA's fused kernels with dropout reject the
-    batched tensors of stacked replicas (vmap) on CUDA, and one path keeps a run alone and in a stack alike."""
+def softmax_attention(q, k, v, mask, dropout: float = 0.0) -> torch.Tensor:
+    """Causal softmax attention of ``[b, h, t, dh]`` inputs under a boolean ``mask`` (None: causal), written out.
+    Used where SDPA's fused kernels cannot run: with dropout on the weights, and on the batched tensors of stacked
+    replicas (vmap) under a mask, where CUDA's memory-efficient kernel, the one fused kernel that takes a mask,
+    fails (a mask [t, t]: "attn_bias: wrong shape"; a mask [b, h, t, t]: "LSE is not correctly aligned")."""
     t = q.shape[-2]
     allowed = mask if mask is not None else torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
     scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
-    weights = F.dropout(scores.masked_fill(~allowed, float("-inf")).softmax(-1), p)
+    weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+    if dropout:
+        weights = F.dropout(weights, dropout)
     return weights @ v
+
+
+def masked_sdpa(q, k, v, mask) -> torch.Tensor:
+    """SDPA under a boolean mask; written out for stacked replicas (see ``softmax_attention``)."""
+    if torch._C._functorch.is_batchedtensor(q):          # a constant under torch.compile
+        return softmax_attention(q, k, v, mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 @register("attention", AttentionConfig)
@@ -56,11 +67,11 @@ class Attention(Mixer):
             self.record("cache_keys", k[:, :, mask[-1]].transpose(1, 2))
             self.record("cache_values", v[:, :, mask[-1]].transpose(1, 2))
         if self.training and self.ctx.dropout:
-            o = _attention_with_dropout(q, k, v, mask, self.ctx.dropout)
+            o = softmax_attention(q, k, v, mask, self.ctx.dropout)
         elif mask is None:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            o = masked_sdpa(q, k, v, mask)
         return self.out(o.transpose(1, 2).reshape(b, t, d))
 
     def graph_safe(self) -> bool:

@@ -45,7 +45,7 @@ def topk_block_mask(score: torch.Tensor, k: int) -> torch.Tensor:
     """Boolean mask of the ``k`` highest entries along the last dim, never choosing ``-inf``."""
     k = min(k, score.shape[-1])
     idx = score.topk(k, dim=-1).indices
-    chosen = torch.zeros_like(score, dtype=torch.bool).scatter_(-1, idx, True)
+    chosen = torch.zeros_like(score, dtype=torch.bool).scatter(-1, idx, True)    # out of place: vmap has its rule
     return chosen & (score > -math.inf)
 
 
@@ -77,8 +77,9 @@ class MoBA(HeadAttention):
         q, k = self.positional(q, k)
         pad = n * B - t
         ksum = nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).view(b, n, B, self.n_heads, -1).sum(2)
-        sizes = torch.full((n,), B, device=x.device, dtype=k.dtype)
-        sizes[-1] = t - (n - 1) * B
+        # tokens per block (the last may be partial), made on the device: a host scalar written into a device
+        # tensor is a copy a CUDA graph cannot capture
+        sizes = (t - torch.arange(n, device=x.device) * B).clamp(max=B).to(k.dtype)
         kmean = ksum / sizes[None, :, None, None]                               # [b, n, h, dh]
         gate = torch.einsum("bthd,bnhd->bhtn", q.float(), kmean.float())
         own = torch.arange(t, device=x.device)[:, None] // B

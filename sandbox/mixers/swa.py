@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from sandbox.mixers.attention import causal_window_mask
+from sandbox.mixers.attention import causal_window_mask, masked_sdpa
 from sandbox.mixers.base import Linear, Mixer, MixerContext, register
 
 
@@ -237,7 +237,7 @@ def attend(q, k, v, pattern) -> torch.Tensor:
     q, k, v = (z.transpose(1, 2) for z in (q, k, v))
     if use_flex(q):
         return flex_attend(q, k, v, pattern)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=pattern.dense())
+    return masked_sdpa(q, k, v, pattern.dense())
 
 
 @register("swa", SWAConfig)

@@ -34,6 +34,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 from dataclasses import dataclass
@@ -291,6 +292,7 @@ class _Worker:
             return self._out_of_memory(group, e)
         except Exception as e:              # any other error is these trials', not the sweep's
             beating.set()
+            traceback.print_exc()           # where it came from, in the worker's log; the study keeps one line
             code = self._record(group, None, _first_line(e))
             # the CUDA context may be broken: let the launcher start a fresh worker
             return 3 if isinstance(e, getattr(torch, "AcceleratorError", ())) else code
