@@ -205,14 +205,19 @@ def test_compiled_flex_attention_equals_sdpa_on_the_gpu(name):
 @pytest.mark.parametrize("mixer", OPTIONS)
 def test_stacked_hybrid_replicas_train_on_the_gpu_as_solo_runs(tmp_path, mixer):
     """On CUDA the one fused kernel that takes a mask (memory-efficient attention) fails on vmap's batched tensors;
-    stacked replicas must train there, uncompiled, float32, to the weights of solo runs (which use that kernel)."""
+    stacked replicas must train there, uncompiled, float32, to the weights of solo runs (which use that kernel):
+    every tensor within 1e-3 of its largest entry (float32 rounding over 4 steps; NSA's largest gap on an H200 was
+    3.9e-4, and 2e-14 in float64)."""
     stacked, solo = _stacked_and_solo(tmp_path, mixer, precision="fp32", device="cuda", compile=False,
                                       cuda_graph=False)
     for i, (sd, od) in enumerate(zip(stacked, solo)):
         a, b = _weights(sd), _weights(od)
         for k in b:
-            torch.testing.assert_close(a[k].cpu().double(), b[k].cpu().double(), rtol=1e-3, atol=1e-5,
-                                       msg=f"replica {i}: {k}")
+            if b[k].is_floating_point():
+                gap = (a[k].double() - b[k].double()).abs().max() / b[k].double().abs().max().clamp(min=1e-12)
+                assert gap.item() < 1e-3, f"replica {i}: {k}: stacked and solo differ by {gap.item():.1e}"
+            else:
+                assert torch.equal(a[k].cpu(), b[k].cpu()), f"replica {i}: {k}"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
