@@ -7,6 +7,7 @@ needs a server on loopback (.ci/postgres.sh); it is skipped only outside CI.
 """
 from __future__ import annotations
 
+import collections
 import csv
 import gzip
 import itertools
@@ -214,6 +215,9 @@ def test_diverging_and_raising_trials_are_recorded_failed(tmp_path, capsys):
     assert all("duplicate_of" not in t.user_attrs for t in retries), [t.user_attrs for t in retries]
     assert sorted(t.user_attrs["failure"].split(":")[0] for t in retries) == sorted(
         t.user_attrs["failure"].split(":")[0] for t in trials_of(out) if t.number < 4 and t.state.name == "FAIL")
+    # each failed point counts once: the first try is "requeued", its retry "failed"
+    status = collections.Counter(r["status"] for r in csv.DictReader(open(out / "results.csv")))
+    assert status == {"complete": 1, "requeued": 3, "failed": 3}, status
 
 
 @pytest.mark.slow

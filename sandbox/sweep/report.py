@@ -52,9 +52,9 @@ def status_of(t, retried: dict | None = None, gone: dict | None = None) -> str:
     if t.state == TrialState.FAIL:
         if "duplicate_of" in a:
             return "duplicate"
-        if "failure" in a:
-            return "failed"
-        return "requeued" if retried and t.number in retried else "lost"
+        if retried and t.number in retried:     # lost, or failed and queued again (--retry-failed): its copy counts
+            return "requeued"
+        return "failed" if "failure" in a else "lost"
     return t.state.name.lower()
 
 
