@@ -439,3 +439,21 @@ def test_zoology_holds_on_a_true_effect_fails_on_a_null_and_decides_bimodal_seed
     assert (width.verdict(), small.verdict()) == ("does not hold", "does not hold")
     width = verdicts(write_rows(tmp_path / "bimodal", "zoology_fig2", zoology(bimodal(21), bimodal(3))))[0]
     assert width.verdict() == "holds" and not any(old_rule_decides(i.a.values, i.b.values) for i in width.items)
+
+
+def test_a_claim_whose_rows_have_not_run_says_so_in_its_headline():
+    """Inconclusive because two of its three items have no cells yet, not because the seeds could not decide; once
+    the items ran (here: alike, a clear null for "above by 0.2"), the claim is decided and the note goes."""
+    from sandbox.analysis import stats
+    from sandbox.analysis.verdicts.claims import Cell, Claim
+    ran = Cell([0.9, 0.91, 0.92], [0, 1, 2])
+    partial = Claim("beats")
+    partial.compare("G 1", ran, Cell([0.1, 0.11, 0.12], [0, 1, 2]), stats.greater(0.2))
+    partial.compare("G 2", ran, None, stats.greater(0.2))
+    partial.compare("G 3", None, None, stats.greater(0.2))
+    assert partial.verdict() == "inconclusive"
+    assert partial.markdown().startswith("**beats**: inconclusive: 2 of 3 items not run yet\n")
+    full = Claim("beats")
+    for g in ("G 1", "G 2", "G 3"):
+        full.compare(g, ran, ran, stats.greater(0.2))
+    assert full.markdown().startswith("**beats**: does not hold\n")

@@ -252,6 +252,9 @@ class Claim:
 
     def markdown(self) -> str:
         verdict, outcomes = self.judged()
+        missing = sum(1 for i in self.items if i.effect is None and not i.reason)
+        if verdict == OPEN and missing:         # the rows it needs have not run: not a result that could not decide
+            verdict += f": {missing} of {len(self.items)} item{'s' if len(self.items) > 1 else ''} not run yet"
         lines = [f"**{self.name}**: {verdict}" + (f" (a stand-in: {self.stand_in})" if self.stand_in else ""), "",
                  f"Rule: {self.rule_text()}.", "",
                  "| item | a | b | n | effect [95% interval] | P(a > b) | verdict |", "|---|---|---|---|---|---|---|"]
