@@ -17,7 +17,8 @@ on the device from the pattern's own tensors: no host read, fixed shapes). Insid
 on CUDA, outside ``vmap``, attention is FlexAttention's compiled kernel, which skips the tiles no
 query of a tile sees and never holds a ``[b, h, t, t]`` mask. Everywhere else it is SDPA with the
 boolean mask: eager FlexAttention is a dense reference implementation, it has no backward on the
-CPU, and it has no ``vmap`` rule (stacked replicas).
+CPU, and it has no ``vmap`` rule (stacked replicas). Under ``vmap`` the masked attention is written
+out (``attention.masked_sdpa``): CUDA's fused kernel that takes a mask rejects batched tensors.
 """
 from __future__ import annotations
 
@@ -233,7 +234,7 @@ def flex_attend(q, k, v, pattern) -> torch.Tensor:
 def attend(q, k, v, pattern) -> torch.Tensor:
     """Softmax attention of ``q, k, v [b, t, h, dh]`` where ``pattern`` (``SinkWindow``, ``Retained``,
     ``ChosenBlocks``) lets each query see; returns ``[b, h, t, dh]``. FlexAttention where ``use_flex``, else
-    SDPA with the pattern's boolean mask (see the module doc)."""
+    attention under the pattern's boolean mask (see the module doc)."""
     q, k, v = (z.transpose(1, 2) for z in (q, k, v))
     if use_flex(q):
         return flex_attend(q, k, v, pattern)
