@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     t = sub.add_parser("train", help="train one model from a YAML config",
                        description="Train one model from a run YAML; the run directory gets TensorBoard events, "
-                                   "result.json and a checkpoint that a second call with the same --out resumes.")
+                                   "result.json, a checkpoint that a second call with the same --out resumes, and "
+                                   "the weights at the step chosen on val (chosen.pt), which analyses load.")
     t.add_argument("config", nargs="?", help="run YAML (default: the packaged quickstart, "
                                              "sandbox/configs/quickstart.yaml)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -191,11 +191,11 @@ def results(tmp_path, cells: dict, scores: dict) -> Path:
         csv.writer(f).writerows([cols, *out])
     with open(tmp_path / fig.SCORES, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["row", "G", "seed", "mask_accuracy", "capped_accuracy"])
+        w.writerow(["row", "G", "seed", "chosen_step", "weights_step", "mask_accuracy", "capped_accuracy"])
         for row, by_g in scores.items():
             for g, (capped, mask) in by_g.items():
                 for seed, d in enumerate(SPREAD):
-                    w.writerow([row, g, seed, min(1.0, mask + d), min(1.0, capped + d)])
+                    w.writerow([row, g, seed, 500, 500, min(1.0, mask + d), min(1.0, capped + d)])
     return tmp_path
 
 
@@ -226,6 +226,20 @@ def test_the_criteria_hold_where_built_to(tmp_path):
     control, verdicts = judged(tmp_path, *outcome())
     assert control.passes()
     assert verdicts == dict.fromkeys(("1", "2a", "2b", "3", "4", "5", "6"), "holds")
+
+
+def test_capped_scores_of_another_step_than_the_chosen_one_do_not_count(tmp_path):
+    """A row scored from weights of another step than the one chosen on val (a final checkpoint after the run lost
+    what it had learned) is left out: claims 4 and 6 then have nothing to read."""
+    from sandbox.analysis.verdicts import judge
+    d = results(tmp_path, *outcome())
+    path = d / load("verdict").SCORES
+    path.write_text(path.read_text().replace(",500,500,", ",500,8000,"))
+    _, claims = judge(d, figure=FOLDER)
+    verdicts = {c.name.split(":")[0]: c for c in claims}
+    assert verdicts["1"].verdict() == "holds"
+    for n in ("4", "6"):
+        assert verdicts[n].verdict() == "inconclusive" and all(i.effect is None for i in verdicts[n].items), n
 
 
 def test_the_criteria_fail_where_built_to(tmp_path):
@@ -320,6 +334,7 @@ def test_the_figure_scaled_down_runs_end_to_end_on_the_cpu(tmp_path):
         assert float(r["cache_out_of_window_max"]) <= cap
         assert 0 <= float(r["capped_accuracy"]) <= 1 and 0 <= float(r["mask_accuracy"]) <= 1
         assert float(r["kv_per_head"]) <= 16 + 4 + cap and r["selected_on"] == "val"
+        assert r["weights_step"] == r["chosen_step"]          # scored at the step chosen on val (chosen.pt)
     # scored again where one checkpoint is gone (trained on another machine): the file keeps that run's row, and
     # without the file that cell is left out and named
     first = (out / fig.SCORES).read_text()

@@ -19,3 +19,26 @@ def test_early_stop_and_the_chosen_step_read_validation(tmp_path):
     assert res["best_val_step"] == best["step"] and res["best_val_accuracy"] == best["val/accuracy"]
     assert res["test_at_best_val"] == best["test/accuracy"]
     assert res["status"] == "early_stopped"                         # this task learns well inside 1500 steps
+
+
+def test_the_weights_kept_for_analyses_are_those_of_the_step_chosen_on_val(tmp_path):
+    """chosen.pt holds the weights at best_val_step: evaluated again they give the run's best val accuracy and the
+    test accuracy it reports there, while the final checkpoint (a later step) gives the last evaluation's."""
+    from contextlib import nullcontext
+
+    import torch
+
+    from sandbox.analysis.capture import load_run
+    from sandbox.train import evaluate
+
+    data = {**BASE, "train": {**BASE["train"], "steps": 240, "eval_every": 20, "lr": 3e-2, "early_stop": None}}
+    res = train(load_config(data=data), tmp_path / "run", progress=False)
+    assert res["best_val_step"] < res["steps"]       # this run peaks on val before its end (fixed seed)
+    run = load_run(tmp_path / "run")
+    assert run.step == res["best_val_step"]
+    again = evaluate(run.model, run.task, 64, nullcontext, splits=("val", "test"))
+    assert again["val/accuracy"] == res["best_val_accuracy"] and again["test/accuracy"] == res["test_at_best_val"]
+    final = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    run.model.load_state_dict(final["model"])
+    last = evaluate(run.model, run.task, 64, nullcontext, splits=("val",))
+    assert last["val/accuracy"] == res["history"][-1]["val/accuracy"] != res["best_val_accuracy"]

@@ -3,9 +3,9 @@
     python figures/lalte_hybrid/score_twice.py SWEEP_DIR [--device cuda] [--batch-size 256]
 
 For each row with an lte layer, each distance G and each seed, the run the verdict reads (the learning rate with the
-best val accuracy) is loaded from its checkpoint, its final state, and scored on the test split with the training
-mask (every token scoring r > 0.5 kept, no cap) and through the capped decode cache (``sandbox lte-eval``'s
-``score_run``). One CSV row per run: the sweep's own test accuracy (at the step chosen on val), the checkpoint's
+best val accuracy) is loaded at the step chosen on val (its ``chosen.pt``), and scored on the test split with the
+training mask (every token scoring r > 0.5 kept, no cap) and through the capped decode cache (``sandbox lte-eval``'s
+``score_run``). One CSV row per run: the sweep's own test accuracy (at the step chosen on val), those weights'
 accuracy with the mask and through the cache, and the KV entries each head holds at the last position.
 ``verdict.py`` reads the file for claims 4 and 6; ``picture.py`` draws it.
 """
@@ -21,7 +21,8 @@ from sandbox.analysis.lte_eval import score_run
 from sandbox.analysis.verdicts.claims import Table
 
 HERE = Path(__file__).resolve().parent
-FIELDS = ("row", "G", "seed", "train.lr", "run_dir", "sweep_test_accuracy", "selected_on", "mask_accuracy",
+FIELDS = ("row", "G", "seed", "train.lr", "run_dir", "sweep_test_accuracy", "selected_on", "chosen_step",
+          "weights_step", "mask_accuracy",
           "capped_accuracy",
           "kept_uncapped", "kept_uncapped_max", "cache_out_of_window", "cache_out_of_window_max", "kv_per_head",
           "held_per_head")
@@ -54,17 +55,20 @@ def score(sweep_dir, device: str = "auto", batch_size: int = 256, log=print) -> 
             for seed, r in sorted(chosen.items()):
                 run = Path(r["sweep_dir"]) / r["run_dir"]
                 old = before.get((row, g, seed))
-                if old is not None and Path(old["run_dir"]).name == run.name:     # trial folders are unique
-                    out.append(old)
+                if old is not None and Path(old["run_dir"]).name == run.name and at_chosen_step(old):
+                    out.append(old)                                                 # trial folders are unique
                     continue
                 if not (run / "checkpoint.pt").is_file():
                     missing.append(f"{row}, G {g}, seed {seed} ({run})")
-                    if old is not None:
+                    if old is not None and at_chosen_step(old):
                         out.append(old)          # scored where an earlier choice trained; the new one cannot be
                     continue
                 res = score_run(run, device, batch_size)
-                out.append(_csv_row(row, g, seed, r, run, res))
-                log(f"{row}, G {g}, seed {seed}: mask {res['mask']:.4f}, capped {res['capped']:.4f} ({run})")
+                scored = _csv_row(row, g, seed, r, run, res)
+                out.append(scored)
+                log(f"{row}, G {g}, seed {seed}: mask {res['mask']:.4f}, capped {res['capped']:.4f} ({run})"
+                    + ("" if at_chosen_step(scored) else f"; not the chosen step {scored['chosen_step']} but "
+                       f"{scored['weights_step']}: its weights there were not kept, so claims 4 and 6 leave it out"))
     for m in missing:
         log(f"not scored here, no checkpoint: {m}")
     with path.open("w", newline="") as f:
@@ -72,6 +76,12 @@ def score(sweep_dir, device: str = "auto", batch_size: int = 256, log=print) -> 
         w.writeheader()
         w.writerows(out)
     return path
+
+
+def at_chosen_step(scored: dict) -> bool:
+    """Whether a row of ``lte_eval.csv`` scored the weights of the step the sweep chose (rows scored from a final
+    checkpoint that is not that step, or from before the file said which step, do not count)."""
+    return scored.get("weights_step") not in (None, "") and scored.get("weights_step") == scored.get("chosen_step")
 
 
 def _csv_row(row: str, g: int, seed: int, r: dict, run: Path, res: dict) -> dict:
@@ -83,7 +93,9 @@ def _csv_row(row: str, g: int, seed: int, r: dict, run: Path, res: dict) -> dict
     on_val = r.get("test_at_best_val") not in (None, "")        # runs from before the val split: best test accuracy
     return {"row": row, "G": g, "seed": seed, "train.lr": r.get("train.lr"), "run_dir": str(run),
             "sweep_test_accuracy": r["test_at_best_val"] if on_val else r.get("best_accuracy"),
-            "selected_on": "val" if on_val else "test", "mask_accuracy": round(res["mask"], 6),
+            "selected_on": "val" if on_val else "test",
+            "chosen_step": str(int(float(r["best_val_step"] if on_val else r["best_step"]))),
+            "weights_step": str(res["step"]), "mask_accuracy": round(res["mask"], 6),
             "capped_accuracy": round(res["capped"], 6), "kept_uncapped": round(sum(kept) / len(kept), 2),
             "kept_uncapped_max": round(max(kept), 2), "cache_out_of_window": round(sum(held) / len(held), 2),
             "cache_out_of_window_max": round(max(held), 2), "kv_per_head": round(sum(kv) / len(kv), 2),

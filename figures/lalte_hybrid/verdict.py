@@ -62,13 +62,15 @@ def _beyond(t: Table) -> dict[str, int]:
 
 
 def capped_scores(t: Table) -> list[dict]:
-    """The rows of ``lte_eval.csv`` in the sweep directories (none before score_twice.py has run)."""
+    """The rows of ``lte_eval.csv`` in the sweep directories (none before score_twice.py has run) that scored the
+    weights of the step the sweep chose on val, the step whose accuracy the other claims read."""
     out = []
     for d in dict.fromkeys(r["sweep_dir"] for r in t.rows) or [t.dir]:
         path = Path(d) / SCORES
         if path.is_file():
             with path.open(newline="") as f:
-                out += list(csv.DictReader(f))
+                out += [r for r in csv.DictReader(f)
+                        if r.get("weights_step") not in (None, "") and r["weights_step"] == r.get("chosen_step")]
     return out
 
 

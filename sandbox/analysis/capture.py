@@ -22,18 +22,20 @@ class LoadedRun:
     cfg: RunConfig
     model: torch.nn.Module
     task: object
-    step: int                 # training step of the checkpoint
+    step: int                 # training step of the weights loaded
     result: dict | None       # result.json, when present
 
 
 def load_run(run_dir, device: str = "cpu") -> LoadedRun:
-    """Model (eval mode, trained weights) and task of a run directory written by ``train``."""
+    """Model (eval mode) and task of a run directory written by ``train``: its weights at the step chosen on val
+    where it has them, else its final checkpoint (``train.loop.weights_file``)."""
     from sandbox.train import build, resolve_device
+    from sandbox.train.loop import weights_file
 
     run_dir = Path(run_dir)
-    ckpt_path = run_dir / "checkpoint.pt"
     if not run_dir.is_dir():
         raise ValueError(f"run_dir: {run_dir} is not a directory")
+    ckpt_path = weights_file(run_dir)
     if not ckpt_path.is_file():
         raise ValueError(f"run_dir: {run_dir} has no checkpoint.pt (is it a run directory of `sandbox train`?)")
     result = None
@@ -48,7 +50,7 @@ def load_run(run_dir, device: str = "cpu") -> LoadedRun:
     task, model = build(cfg, dev)
     model.load_state_dict(ckpt["model"])
     model.eval()
-    return LoadedRun(run_dir, cfg, model, task, int(ckpt.get("state", {}).get("step", 0)), result)
+    return LoadedRun(run_dir, cfg, model, task, int(ckpt.get("step", ckpt.get("state", {}).get("step", 0))), result)
 
 
 def _concat(parts: list[torch.Tensor]) -> torch.Tensor:

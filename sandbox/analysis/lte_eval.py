@@ -21,9 +21,10 @@ def evaluate_with_cache(model, task, batch_size: int = 64, splits=("val", "test"
 
 
 def score_run(run_dir, device="auto", batch_size: int = 64, overrides=()) -> dict:
-    """A trained LTE run scored twice on its test split, from its checkpoint (its final state): with the
-    training mask (every token scoring r > 0.5 kept, no cap) and through the capped cache. Returns
-    ``seq_len``, ``mask`` and ``capped`` (test accuracy), and per LTE layer its ``cap``, ``window``, ``sinks``,
+    """A trained LTE run scored twice on its test split, from its weights at the step chosen on val (else its final
+    checkpoint: ``train.loop.weights_file``): with the training mask (every token scoring r > 0.5 kept, no cap) and
+    through the capped cache. Returns ``step`` (of the weights), ``seq_len``, ``mask`` and ``capped`` (test
+    accuracy), and per LTE layer its ``cap``, ``window``, ``sinks``,
     ``kept`` (out-of-window tokens the mask keeps per head at the last position, mean over one test batch) and
     ``held`` (the cache's out-of-window entries per head there). ``overrides``: ``task.KEY=VALUE`` changes."""
     from pathlib import Path
@@ -32,7 +33,9 @@ def score_run(run_dir, device="auto", batch_size: int = 64, overrides=()) -> dic
     from sandbox.tasks import make_task
     from sandbox.train import build, resolve_device
 
-    ckpt_path = Path(run_dir) / "checkpoint.pt"
+    from sandbox.train.loop import weights_file
+
+    ckpt_path = weights_file(run_dir)
     if not ckpt_path.is_file():
         raise ValueError(f"run_dir: {run_dir} has no checkpoint.pt")
     device = resolve_device(device)
@@ -66,7 +69,8 @@ def score_run(run_dir, device="auto", batch_size: int = 64, overrides=()) -> dic
     held = [m.capture["retained_count"].tolist() for m in layers]
     for m in layers:
         m.capture = None
-    return {"seq_len": task.seq_len, "mask": masked["test/accuracy"], "capped": capped["test/accuracy"],
+    step = int(ckpt.get("step", ckpt.get("state", {}).get("step", 0)))
+    return {"step": step, "seq_len": task.seq_len, "mask": masked["test/accuracy"], "capped": capped["test/accuracy"],
             "layers": [{"cap": m.cfg.cap, "window": m.cfg.window, "sinks": m.cfg.sinks, "kept": k, "held": h}
                        for m, k, h in zip(layers, kept, held)]}
 

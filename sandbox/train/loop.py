@@ -64,6 +64,7 @@ class _Run:
                       "trained_steps": 0, "trained_time": 0.0, "history": [], "phases": dict.fromkeys(PHASES, 0.0)}
         self.status, self.error = "running", None
         self.ckpt = out / "checkpoint.pt"
+        self.chosen = out / CHOSEN
         self.writer = SummaryWriter(log_dir=str(out))
         self.params, self.state_size = model.num_params(), model.state_size(task.seq_len)
         self.compiled_at = None          # the step from which the training step ran compiled (its first, or None)
@@ -88,10 +89,13 @@ class _Run:
         self.state = ckpt["state"]
         self.state.setdefault("phases", dict.fromkeys(PHASES, 0.0))   # a checkpoint from before phases
 
-    def save(self, step, r: int) -> None:
+    def save(self, step, r: int, chosen: bool = False) -> None:
         """The checkpoint, written in the background (``finish`` waits for it): copies on the CPU of what training
-        changes next (the parameters, views of the stack's flat weights, which torch.save would store whole)."""
+        changes next (the parameters, views of the stack's flat weights, which torch.save would store whole).
+        ``chosen``: these weights are also the run's best on val so far (``chosen.pt``, see ``weights_file``)."""
         model = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        if chosen:
+            save_torch_soon(self.chosen, {"model": model, "step": self.state["step"], "config": self.config})
         save_torch_soon(self.ckpt, {"model": model, "optimizer": step.optimizer_state(r, "cpu"),
                                     "state": copy.deepcopy(self.state), "config": self.config})
 
@@ -120,6 +124,19 @@ class _Run:
             self.writer.add_scalar("test/final_accuracy", self.state["accuracy"] or 0.0, self.state["step"])
         self.writer.close()
         return res
+
+
+# The weights at the step chosen on val, the step whose test accuracy a verdict reads. A run may learn and then
+# lose it (laLTE at a distance of 8 windows: 0.92 at step 4500, 0.005 at 8000), so analyses that load a model
+# (state pictures, the capped-cache scores) load these rather than the final checkpoint.
+CHOSEN = "chosen.pt"
+
+
+def weights_file(run_dir) -> Path:
+    """The file an analysis of a run loads: ``chosen.pt`` (a dict with ``model``, ``step``, ``config``) where the run
+    chose a step on val, else its final ``checkpoint.pt`` (a run without a val split, or from before chosen.pt)."""
+    chosen = Path(run_dir) / CHOSEN
+    return chosen if chosen.is_file() else Path(run_dir) / "checkpoint.pt"
 
 
 def _finished(out: Path) -> dict | None:
@@ -358,11 +375,14 @@ class _Stack:
         if acc > run.state["best_accuracy"] or run.state["best_step"] == 0:
             run.state["best_accuracy"], run.state["best_step"] = max(acc, run.state["best_accuracy"]), s
         metrics["test/best_accuracy"] = run.state["best_accuracy"]
+        val = metrics.get("val/accuracy")
+        chosen = val is not None and all(val > h["val/accuracy"] for h in run.state["history"]
+                                         if h.get("val/accuracy") is not None)   # the earliest of equals, as chosen
         run.state["history"].append({"step": s, **metrics})
         for k, v in metrics.items():
             run.writer.add_scalar(k, v, s)
         run.writer.flush()
-        run.save(self.group.step, r)
+        run.save(self.group.step, r, chosen)
         seconds = time.perf_counter() - t_eval
         run.eval_s += seconds
         run.state["phases"]["eval"] += seconds
