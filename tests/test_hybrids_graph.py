@@ -168,6 +168,10 @@ def test_stacked_hybrid_replicas_equal_solo_runs(tmp_path, mixer):
         a, b = _weights(sd), _weights(od)
         for k in b:
             torch.testing.assert_close(a[k], b[k], rtol=1e-9, atol=1e-11, msg=f"replica {i}: {k}")
+        ca, cb = (torch.load(d / "chosen.pt", weights_only=False) for d in (sd, od))   # the step chosen on val
+        assert ca["step"] == cb["step"]
+        for k in cb["model"]:
+            torch.testing.assert_close(ca["model"][k], cb["model"][k], rtol=1e-9, atol=1e-11, msg=f"chosen {i}: {k}")
         ra, rb = (json.loads((d / "result.json").read_text()) for d in (sd, od))
         assert [h["test/loss"] for h in ra["history"]] == pytest.approx([h["test/loss"] for h in rb["history"]],
                                                                          rel=1e-9)
