@@ -69,6 +69,8 @@ def test_written_out_attention_equals_sdpa_without_dropout():
     from sandbox.mixers.attention import softmax_attention, causal_window_mask
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, 16, 8, dtype=torch.float64) for _ in range(3))
-    assert torch.allclose(softmax_attention(q, k, v, None, 0.0), F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.allclose(softmax_attention(q, k, v, None, 0.0), causal)
     mask = causal_window_mask(16, 4, "cpu")
-    assert torch.allclose(softmax_attention(q, k, v, mask, 0.0), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    windowed = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.allclose(softmax_attention(q, k, v, mask, 0.0), windowed)

@@ -3,8 +3,8 @@
     python figures/lalte_hybrid/picture.py SWEEP_DIR OUT.png
 
 Left: every row's test accuracy (the learning rate and step chosen per seed on val), the verdict's cells. Right,
-once ``score_twice.py`` has written ``lte_eval.csv``: the LTE rows' weights at the chosen step through the capped cache (solid)
-and with the training mask (dotted). Intervals are t intervals of the mean over seeds, clipped to [0, 1]
+once ``score_twice.py`` has written ``lte_eval.csv``: the LTE rows' weights at the chosen step through the capped
+cache (solid) and with the training mask (dotted). Intervals are t intervals of the mean over seeds, clipped to [0, 1]
 (``sandbox.analysis.stats.mean_ci``); one seed draws the mean alone. The dashed lines mark laLTE's window w and
 GDN+SWA's w + b; the grey line is the task's chance.
 """
