@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from sandbox.kernels.library import op
+
 IGNORE = -100
 
 
@@ -21,7 +23,7 @@ def _work(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-@torch.library.custom_op("sandbox::cross_entropy", mutates_args=())
+@op("sandbox::cross_entropy")
 def _op(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if logits.is_cuda and logits.dtype != torch.float64:
         from sandbox.kernels.triton_cross_entropy import cross_entropy_rows_triton   # Triton only where it runs

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import torch
 
+from sandbox.kernels.library import op
 
-@torch.library.custom_op("sandbox::embedding_grad", mutates_args=())
+
+@op("sandbox::embedding_grad")
 def _grad_op(ids: torch.Tensor, grad: torch.Tensor, num_rows: int) -> torch.Tensor:
     if grad.is_cuda:
         from sandbox.kernels.triton_embedding import embedding_grad_triton   # Triton only where it runs
@@ -36,7 +38,7 @@ def _grad_op_fake(ids, grad, num_rows):
     return grad.new_empty(num_rows, grad.shape[1], dtype=torch.float32)
 
 
-@torch.library.custom_op("sandbox::embedding", mutates_args=())
+@op("sandbox::embedding")
 def _op(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     if weight.is_cuda:
         from sandbox.kernels.triton_embedding import embedding_triton

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch._C._functorch import is_batchedtensor   # traced by torch.compile
 
+from sandbox.kernels.library import op
+
 SPLITS = 8                  # runs of tokens the weight gradient is split into
 LARGEST_SPLIT = 1 << 18     # weights of more elements than [512, 512] tile the GPU well as they are
 SHORTEST_RUN = 1024         # tokens per run, at least: smaller batches (evaluation slices, tests) stay one product
@@ -33,7 +35,7 @@ def splits(tokens: int, out_features: int, in_features: int) -> int:
     return SPLITS
 
 
-@torch.library.custom_op("sandbox::grouped_linear", mutates_args=())
+@op("sandbox::grouped_linear")
 def _op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [G, M, in], w [G, out, in] -> [G, M, out]: group i's rows times its own weight."""
     return torch.bmm(x, w.transpose(1, 2))
@@ -44,7 +46,7 @@ def _op_fake(x, w):
     return x.new_empty(x.shape[0], x.shape[1], w.shape[1])
 
 
-@torch.library.custom_op("sandbox::grouped_linear_grad", mutates_args=())
+@op("sandbox::grouped_linear_grad")
 def _grad_op(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) of ``grouped_linear`` for its output's gradient g [G, M, out]."""
     G, M, O = g.shape

@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from sandbox.kernels.library import op
+
 
 def _triton(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether the Triton kernels take this call: CUDA, 16/32-bit inputs, filters of at most 4 taps."""
@@ -40,7 +42,7 @@ def _pre_activation(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return sum(xp[:, j:j + T] * wn[..., j] for j in range(W))
 
 
-@torch.library.custom_op("sandbox::short_conv", mutates_args=())
+@op("sandbox::short_conv")
 def _op(x: torch.Tensor, w: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     if _triton(x, w):
         from sandbox.kernels.triton_short_conv import short_conv_triton   # Triton only where it runs
@@ -53,7 +55,7 @@ def _op_fake(x, w, sizes):
     return [x.new_empty(*x.shape[:-1], n) for n in sizes]
 
 
-@torch.library.custom_op("sandbox::short_conv_grad", mutates_args=())
+@op("sandbox::short_conv_grad")
 def _grad_op(dys: list[torch.Tensor], x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if _triton(x, w):
         from sandbox.kernels.triton_short_conv import short_conv_grad_triton

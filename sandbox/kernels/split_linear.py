@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import torch
 
+from sandbox.kernels.library import op
 from sandbox.kernels.linear import linear
 
 
-@torch.library.custom_op("sandbox::cat_columns", mutates_args=())
+@op("sandbox::cat_columns")
 def _cat_columns(pieces: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(pieces, -1)
 

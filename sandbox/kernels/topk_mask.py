@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from sandbox.kernels.library import op
+
 
 def _pairwise(x: torch.Tensor, k: int) -> torch.Tensor:
     c = x.shape[-1]
@@ -24,7 +26,7 @@ def _pairwise(x: torch.Tensor, k: int) -> torch.Tensor:
     return ((xj > xi) | ((xj == xi) & earlier)).sum(-1) < k
 
 
-@torch.library.custom_op("sandbox::topk_mask", mutates_args=())
+@op("sandbox::topk_mask")
 def _op(x: torch.Tensor, k: int) -> torch.Tensor:
     if x.is_cuda and x.dtype != torch.float64:
         from sandbox.kernels.triton_topk_mask import topk_mask_triton   # Triton only where it runs

@@ -33,6 +33,7 @@ import torch.utils.flop_counter
 import triton
 import triton.language as tl
 
+from sandbox.kernels.library import op
 from sandbox.kernels.triton_chunk_common import (BC, BT, _bwd_tiles, _chunk_bounds, _chunk_decay, _diag_decay,
                                                  _gate_kind, _geometry, _intra_bk, _p2, _par_tiles, _pick, as_rows,
                                                  chunk_table, diag_block_limit, fold_replicas, row_stride, run_states)
@@ -270,8 +271,7 @@ def _empty(like, dtype=None):
     return like.new_empty(0, dtype=dtype if dtype is not None else like.dtype)
 
 
-@torch.library.custom_op("sandbox::chunk_gla_fwd", mutates_args=(), schema=_FWD_SCHEMA,
-                         tags=(torch.Tag.flexible_layout,))
+@op("sandbox::chunk_gla_fwd", schema=_FWD_SCHEMA, tags=(torch.Tag.flexible_layout,))
 def _op_fwd(q, k, v, g, h0, cu_seqlens, scale, output_final_state):
     """(o, final state, A, gc, qg, kg, chunk-start states, chunk table, first chunk of each segment)."""
     q, k, v = as_rows(q), as_rows(k), as_rows(v)
@@ -300,8 +300,7 @@ def _op_fwd_fake(q, k, v, g, h0, cu_seqlens, scale, output_final_state):
             _empty(q, torch.int32), _empty(q, torch.int32))
 
 
-@torch.library.custom_op("sandbox::chunk_gla_bwd", mutates_args=(), schema=_BWD_SCHEMA,
-                         tags=(torch.Tag.flexible_layout,))
+@op("sandbox::chunk_gla_bwd", schema=_BWD_SCHEMA, tags=(torch.Tag.flexible_layout,))
 def _op_bwd(q, k, v, g, gc, qg, kg, hs, A, do, dht, cu_seqlens, cidx, coff, scale, need_dh0):
     """(dq, dk, dv, dg, d initial state); dg and dh0 empty where there is no gate or no initial state."""
     B, T, H, K = q.shape

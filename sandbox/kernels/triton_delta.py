@@ -22,6 +22,7 @@ import torch.utils.flop_counter
 import triton
 import triton.language as tl
 
+from sandbox.kernels.library import op
 from sandbox.kernels.triton_chunk_common import chunk_table, fold_replicas, tile_and_row
 
 C = 64
@@ -192,7 +193,7 @@ def _unit_lower_inv(a, t, C: tl.constexpr):
 
 # The WY representation's triangular solve as the inverse of (I + A) (then one matrix product): cuBLAS's
 # batched triangular solve (forward and backward) was a quarter of a Gated DeltaNet step (results/throughput/).
-@torch.library.custom_op("sandbox::unit_lower_inverse", mutates_args=())
+@op("sandbox::unit_lower_inverse")
 def unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
     """``(I + a)^-1`` for ``a [..., C, C]`` fp32, strictly lower triangular (what is above its diagonal is
     not read)."""
@@ -247,9 +248,9 @@ def _operand_dtype(x: torch.Tensor, K: int) -> torch.dtype:
 # chunk layout [NC, H, C, *], chunks of sequence n at co[n]:co[n+1]. The forward also returns the states
 # at chunk starts and the corrected values, which the backward needs.
 
-@torch.library.custom_op("sandbox::delta_scan_fwd", mutates_args=(),
-                         schema="(Tensor qg, Tensor kl, Tensor w, Tensor u, Tensor aqk, Tensor el, Tensor? h0, "
-                                "Tensor co, int N, bool output_final_state) -> (Tensor, Tensor, Tensor, Tensor)")
+@op("sandbox::delta_scan_fwd",
+    schema="(Tensor qg, Tensor kl, Tensor w, Tensor u, Tensor aqk, Tensor el, Tensor? h0, "
+           "Tensor co, int N, bool output_final_state) -> (Tensor, Tensor, Tensor, Tensor)")
 def _scan_fwd(qg, kl, w, u, aqk, el, h0, co, N, output_final_state):
     NC, H, _, K = qg.shape
     V = u.shape[-1]
@@ -275,10 +276,10 @@ def _scan_fwd_fake(qg, kl, w, u, aqk, el, h0, co, N, output_final_state):
             qg.new_empty(NC, H, K, V, dtype=f32), qg.new_empty(NC, H, C, V, dtype=f32))
 
 
-@torch.library.custom_op("sandbox::delta_scan_bwd", mutates_args=(),
-                         schema="(Tensor qg, Tensor kl, Tensor w, Tensor aqk, Tensor el, Tensor hs, Tensor vn, "
-                                "Tensor do, Tensor? dht, Tensor co, int N, bool need_dh0) "
-                                "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+@op("sandbox::delta_scan_bwd",
+    schema="(Tensor qg, Tensor kl, Tensor w, Tensor aqk, Tensor el, Tensor hs, Tensor vn, "
+           "Tensor do, Tensor? dht, Tensor co, int N, bool need_dh0) "
+           "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 def _scan_bwd(qg, kl, w, aqk, el, hs, vn, do, dht, co, N, need_dh0):
     """(d q_g, d k_l, d W, d U, d A_qk, d e_l, d h0 or empty)."""
     NC, H, _, K = qg.shape

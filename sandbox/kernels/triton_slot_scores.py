@@ -26,6 +26,7 @@ import torch.utils.flop_counter
 import triton
 import triton.language as tl
 
+from sandbox.kernels.library import op
 from sandbox.kernels.triton_chunk_common import fold_replicas, tile_and_row
 
 C = 16  # chunk length (slot_scores.CHUNK)
@@ -233,7 +234,7 @@ def _bwd(q, k, s, gc, h, o, do, scale):
 # ----------------------------------------------------------------------------- torch custom ops
 # As in triton_chunk.py: opaque to torch.compile, vmapped by folding stacked replicas into the batch.
 
-@torch.library.custom_op("sandbox::slot_scores_fwd", mutates_args=())
+@op("sandbox::slot_scores_fwd")
 def _op_fwd(q: torch.Tensor, k: torch.Tensor, s: torch.Tensor, g: torch.Tensor, scale: float,
             output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o fp32, final state or empty, gc, chunk-start states)."""
@@ -248,7 +249,7 @@ def _op_fwd_fake(q, k, s, g, scale, output_final_state):
             s.new_empty(B, T, H, M, dtype=f32), q.new_empty(B * triton.cdiv(T, C), H, M, K))
 
 
-@torch.library.custom_op("sandbox::slot_scores_bwd", mutates_args=())
+@op("sandbox::slot_scores_bwd")
 def _op_bwd(q: torch.Tensor, k: torch.Tensor, s: torch.Tensor, gc: torch.Tensor, h: torch.Tensor,
             o: torch.Tensor, do: torch.Tensor, scale: float
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,0 +1,45 @@
+"""How the ``sandbox::`` operators are defined: ``op``, through torch.library's ``define`` and ``impl``.
+
+``torch.library.custom_op`` would register the same dispatcher entries, but it wraps every kernel to keep Dynamo
+out of it, and that wrapper imports ``torch._dynamo`` at a kernel's first call: 0.9 s on the CI's CPU, in every
+process, the uncompiled ones included (results/throughput/README.md). ``torch.library.impl`` registers a kernel
+without the wrapper; to torch.compile the operators are opaque either way, traced through their fake kernels.
+"""
+from __future__ import annotations
+
+import torch
+
+LIB = torch.library.Library("sandbox", "DEF")
+
+
+class Op:
+    """A defined operator, with ``torch.library.custom_op``'s registration methods; calling it calls the op."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, *args, **kwargs):
+        return getattr(torch.ops.sandbox, self.name.removeprefix("sandbox::"))(*args, **kwargs)
+
+    def register_fake(self, fn):
+        torch.library.register_fake(self.name, fn, lib=LIB)
+        return fn
+
+    def register_autograd(self, backward, setup_context=None) -> None:
+        torch.library.register_autograd(self.name, backward, setup_context=setup_context, lib=LIB)
+
+    def register_vmap(self, fn):
+        torch.library.register_vmap(self.name, fn, lib=LIB)
+        return fn
+
+
+def op(name: str, schema: str | None = None, tags: tuple = ()):
+    """Decorator: define ``name`` (``sandbox::NAME``) with ``schema`` (else read from the function's annotations, as
+    custom_op reads it) and the function as its kernel on every device."""
+    def define(fn) -> Op:
+        short = name.removeprefix("sandbox::")
+        LIB.define(short + (schema or torch.library.infer_schema(fn, mutates_args=())),
+                   tags=(torch.Tag.pt2_compliant_tag, *tags))
+        LIB.impl(short, fn, "CompositeExplicitAutograd")
+        return Op(name)
+    return define
