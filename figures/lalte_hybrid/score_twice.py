@@ -55,19 +55,19 @@ def score(sweep_dir, device: str = "auto", batch_size: int = 256, log=print) -> 
             for seed, r in sorted(chosen.items()):
                 run = Path(r["sweep_dir"]) / r["run_dir"]
                 old = before.get((row, g, seed))
-                if old is not None and Path(old["run_dir"]).name == run.name and at_chosen_step(old):
+                if old is not None and Path(old["run_dir"]).name == run.name and fig.at_chosen_step(old):
                     out.append(old)                                                 # trial folders are unique
                     continue
                 if not (run / "checkpoint.pt").is_file():
                     missing.append(f"{row}, G {g}, seed {seed} ({run})")
-                    if old is not None and at_chosen_step(old):
+                    if old is not None and fig.at_chosen_step(old):
                         out.append(old)          # scored where an earlier choice trained; the new one cannot be
                     continue
                 res = score_run(run, device, batch_size)
                 scored = _csv_row(row, g, seed, r, run, res)
                 out.append(scored)
                 log(f"{row}, G {g}, seed {seed}: mask {res['mask']:.4f}, capped {res['capped']:.4f} ({run})"
-                    + ("" if at_chosen_step(scored) else f"; not the chosen step {scored['chosen_step']} but "
+                    + ("" if fig.at_chosen_step(scored) else f"; not the chosen step {scored['chosen_step']} but "
                        f"{scored['weights_step']}: its weights there were not kept, so claims 4 and 6 leave it out"))
     for m in missing:
         log(f"not scored here, no checkpoint: {m}")
@@ -76,12 +76,6 @@ def score(sweep_dir, device: str = "auto", batch_size: int = 256, log=print) -> 
         w.writeheader()
         w.writerows(out)
     return path
-
-
-def at_chosen_step(scored: dict) -> bool:
-    """Whether a row of ``lte_eval.csv`` scored the weights of the step the sweep chose (rows scored from a final
-    checkpoint that is not that step, or from before the file said which step, do not count)."""
-    return scored.get("weights_step") not in (None, "") and scored.get("weights_step") == scored.get("chosen_step")
 
 
 def _csv_row(row: str, g: int, seed: int, r: dict, run: Path, res: dict) -> dict:

@@ -69,9 +69,14 @@ def capped_scores(t: Table) -> list[dict]:
         path = Path(d) / SCORES
         if path.is_file():
             with path.open(newline="") as f:
-                out += [r for r in csv.DictReader(f)
-                        if r.get("weights_step") not in (None, "") and r["weights_step"] == r.get("chosen_step")]
+                out += [r for r in csv.DictReader(f) if at_chosen_step(r)]
     return out
+
+
+def at_chosen_step(scored: dict) -> bool:
+    """Whether a row of ``lte_eval.csv`` scored the weights of the step the sweep chose (rows scored from a final
+    checkpoint that is not that step, or from before the file said which step, do not count)."""
+    return scored.get("weights_step") not in (None, "") and scored.get("weights_step") == scored.get("chosen_step")
 
 
 class Difference(Cell):

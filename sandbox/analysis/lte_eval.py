@@ -27,30 +27,20 @@ def score_run(run_dir, device="auto", batch_size: int = 64, overrides=()) -> dic
     accuracy), and per LTE layer its ``cap``, ``window``, ``sinks``,
     ``kept`` (out-of-window tokens the mask keeps per head at the last position, mean over one test batch) and
     ``held`` (the cache's out-of-window entries per head there). ``overrides``: ``task.KEY=VALUE`` changes."""
-    from pathlib import Path
-
-    from sandbox.config import config_from_dict, parse_override, set_dotted
+    from sandbox.analysis.capture import load_run
+    from sandbox.config import config_from_dict, parse_override, set_dotted, to_dict
     from sandbox.tasks import make_task
-    from sandbox.train import build, resolve_device
 
-    from sandbox.train.loop import weights_file
-
-    ckpt_path = weights_file(run_dir)
-    if not ckpt_path.is_file():
-        raise ValueError(f"run_dir: {run_dir} has no checkpoint.pt")
-    device = resolve_device(device)
-    ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
-    cfg = config_from_dict(ckpt["config"], str(ckpt_path))
-    _, model = build(cfg, device)
-    model.load_state_dict(ckpt["model"])
-    raw = dict(ckpt["config"])
+    run = load_run(run_dir, device)
+    model = run.model
+    raw = to_dict(run.cfg)
     raw["task"] = dict(raw["task"])
     for item in overrides:
         key, value = parse_override(item)
         if not key.startswith("task."):
             raise ValueError(f"--set: only task.* keys can change at evaluation, got {key}")
         set_dotted(raw, key, value)
-    task = make_task(config_from_dict(raw, "--set").task.params, seed=cfg.seed, device=device)
+    task = make_task(config_from_dict(raw, "--set").task.params, seed=run.cfg.seed, device=run.task.device)
     layers = [m for m in model.modules() if isinstance(m, LearnableTokenEviction)]
     if not layers:
         raise ValueError(f"run_dir: {run_dir} has no lte layer")
@@ -69,8 +59,7 @@ def score_run(run_dir, device="auto", batch_size: int = 64, overrides=()) -> dic
     held = [m.capture["retained_count"].tolist() for m in layers]
     for m in layers:
         m.capture = None
-    step = int(ckpt.get("step", ckpt.get("state", {}).get("step", 0)))
-    return {"step": step, "seq_len": task.seq_len, "mask": masked["test/accuracy"], "capped": capped["test/accuracy"],
+    return {"step": run.step, "seq_len": task.seq_len, "mask": masked["test/accuracy"], "capped": capped["test/accuracy"],
             "layers": [{"cap": m.cfg.cap, "window": m.cfg.window, "sinks": m.cfg.sinks, "kept": k, "held": h}
                        for m, k, h in zip(layers, kept, held)]}
 

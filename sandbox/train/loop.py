@@ -29,6 +29,7 @@ from sandbox.train.evaluation import evaluate_stack
 from sandbox.train.files import save_torch_soon, saves_done, write_json
 from sandbox.train.group import Group, stack_key, worth_regrouping
 from sandbox.train.progress import Progress
+from sandbox.train.record import val_choice
 from sandbox.train.signals import HeldSignals
 
 DONE = ("completed", "early_stopped")          # a rerun of such a directory returns its result
@@ -100,7 +101,7 @@ class _Run:
                                     "state": copy.deepcopy(self.state), "config": self.config})
 
     def result(self, replicas: int = 1) -> dict:
-        from sandbox.train.record import RunResult, provenance, val_choice
+        from sandbox.train.record import RunResult, provenance
         s = self.state
         return RunResult(
             status=self.status, error=self.error, config=self.config,
@@ -375,10 +376,8 @@ class _Stack:
         if acc > run.state["best_accuracy"] or run.state["best_step"] == 0:
             run.state["best_accuracy"], run.state["best_step"] = max(acc, run.state["best_accuracy"]), s
         metrics["test/best_accuracy"] = run.state["best_accuracy"]
-        val = metrics.get("val/accuracy")
-        chosen = val is not None and all(val > h["val/accuracy"] for h in run.state["history"]
-                                         if h.get("val/accuracy") is not None)   # the earliest of equals, as chosen
         run.state["history"].append({"step": s, **metrics})
+        chosen = val_choice(run.state["history"]).get("best_val_step") == s      # the step a result will choose
         for k, v in metrics.items():
             run.writer.add_scalar(k, v, s)
         run.writer.flush()
