@@ -149,6 +149,23 @@ def test_grid_two_workers_every_point_once_and_resume_is_a_no_op(tmp_path):
     assert main(["sweep", str(path), "--out", str(out)]) == 2
 
 
+def test_a_file_trains_only_its_own_points_of_a_shared_study(tmp_path):
+    """Two files of one name and base share a study (a figure's control and its rows). Launching one trains its
+    points and leaves the other's waiting trials queued, so a part of a figure can run before the rest."""
+    from sandbox.sweep.study import enqueue_points, prepare_study
+    out = tmp_path / "out"
+    out.mkdir()
+    rows = write(tmp_path, "name: parts\ngrid:\n  model.d_model: [16, 32]\n", steps=10)
+    rows = rows.rename(tmp_path / "rows.yaml")
+    control = write(tmp_path, "name: parts\ngrid:\n  model.d_model: [16]\n", steps=10)
+    study = prepare_study(load_sweep(rows), open_storage(out, None))
+    assert enqueue_points(study, load_sweep(rows)) == 2             # both queued, neither trained
+    r = run_sweep(control, out, "--workers", "1")
+    assert r.returncode == 0, r.stdout + r.stderr                  # its own points done: nothing left of it
+    state = {t.params["model.d_model"]: t.state.name for t in trials_of(out)}
+    assert state == {16: "COMPLETE", 32: "WAITING"}
+
+
 def test_a_sweep_directory_moved_from_another_machine_resumes_its_running_trials(tmp_path):
     # a journal holds a trial RUNNING on a machine that is gone (shut down or lost, its sweep
     # directory copied here): the launcher adopts it instead of waiting for it forever

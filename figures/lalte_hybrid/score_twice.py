@@ -48,11 +48,21 @@ def score(sweep_dir, device: str = "auto", batch_size: int = 256, log=print) -> 
     if path.exists():
         with path.open(newline="") as f:
             before = {(r["row"], int(r["G"]), int(r["seed"])): r for r in csv.DictReader(f)}
-    out, missing = [], []
+    out, missing, visited = [], [], set()
+
+    def write():
+        # after every run scored, so that a call cut off by its time limit keeps what it scored; the cells not
+        # reached yet keep their earlier rows
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, FIELDS)
+            w.writeheader()
+            w.writerows(out + [r for k, r in before.items() if k not in visited])
+
     for row in fig.lte_rows(pairs):
         for g in gaps.values():
             chosen = t.best_rows(**fig.rows(pairs)[row], **{"task.distance": g})
             for seed, r in sorted(chosen.items()):
+                visited.add((row, g, seed))
                 run = Path(r["sweep_dir"]) / r["run_dir"]
                 old = before.get((row, g, seed))
                 if old is not None and Path(old["run_dir"]).name == run.name and fig.at_chosen_step(old):
@@ -66,15 +76,14 @@ def score(sweep_dir, device: str = "auto", batch_size: int = 256, log=print) -> 
                 res = score_run(run, device, batch_size)
                 scored = _csv_row(row, g, seed, r, run, res)
                 out.append(scored)
+                write()
                 log(f"{row}, G {g}, seed {seed}: mask {res['mask']:.4f}, capped {res['capped']:.4f} ({run})"
                     + ("" if fig.at_chosen_step(scored) else f"; not the chosen step {scored['chosen_step']} but "
                        f"{scored['weights_step']}: its weights there were not kept, so claims 4 and 6 leave it out"))
     for m in missing:
         log(f"not scored here, no checkpoint: {m}")
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, FIELDS)
-        w.writeheader()
-        w.writerows(out)
+    visited.update(before)
+    write()
     return path
 
 

@@ -231,7 +231,7 @@ def known_paces(sweep_dir: Path) -> dict[str, tuple[str, float, float]]:
 
 
 def clear_pace(sweep_dir: Path) -> None:
-    """Forget what the workers of an earlier launch left: their paces and training markers."""
-    for pattern in ("pace-*", "training-*"):
+    """Forget what an earlier launch left: its workers' paces and training markers, the points it trained."""
+    for pattern in ("pace-*", "training-*", "points-*"):
         for f in (Path(sweep_dir) / "logs").glob(pattern):
             f.unlink(missing_ok=True)

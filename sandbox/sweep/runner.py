@@ -235,9 +235,14 @@ class _Launch:
         self.changed = {g: time.time() for g in gpus}
         self.sampler = GpuSampler(gpus)
         self.outcome = Outcome()
+        # this file's points: a study two files share (a figure's control and its rows) trains, in this launch,
+        # only what this file asks for, whatever else waits in it
+        self.points = {p.point_id for p in spec.points()}
+        self.points_file = sweep_dir / "logs" / f"points-{os.getpid()}.json"
 
     def supervise(self, board) -> Outcome:
         (self.dir / "logs").mkdir(exist_ok=True)
+        write_json(self.points_file, sorted(self.points))
         self.sampler.start()
         hb = uses_heartbeat(self.study.storage)
         try:
@@ -246,7 +251,7 @@ class _Launch:
                     self._collect_exits(board)
                     for note in reap(self.study, hb):
                         board.note(note)
-                    trials = trials_in(self.study)
+                    trials = [t for t in trials_in(self.study) if t.user_attrs.get("point_id") in self.points]
                     waiting = sum(t.state.name == "WAITING" for t in trials)
                     running = sum(t.state.name == "RUNNING" for t in trials)
                     crashed = self.crashes > 3 * len(self.plan.slots)
@@ -338,7 +343,7 @@ class _Launch:
             env["CUDA_VISIBLE_DEVICES"] = plan.slots[slot]
         cmd = [sys.executable, "-m", "sandbox.sweep.worker", "--worker", str(self.dir), "--study", self.spec.name,
                "--parent", str(os.getpid()), "--threads", str(plan.threads), "--storage-timeout",
-               str(self.storage_timeout), "--stack", str(plan.stack)]
+               str(self.storage_timeout), "--stack", str(plan.stack), "--points", str(self.points_file)]
         if plan.until is not None:
             cmd += ["--until", f"{plan.until:.3f}"]
         if self.storage_url:
@@ -353,7 +358,9 @@ def _closing(console, spec, study, outcome: Outcome) -> int:
     if outcome.interrupted:
         console.print(f"rerun `{again}` (same --out) to resume")
         return 130
-    left = [t for t in trials_in(study) if t.state.name in ("WAITING", "RUNNING")]
+    points = {p.point_id for p in spec.points()}
+    left = [t for t in trials_in(study) if t.state.name in ("WAITING", "RUNNING")
+            and t.user_attrs.get("point_id") in points]
     if left and (outcome.timed_out or outcome.out_of_time):
         console.print(f"time limit: {len(left)} trial(s) left; rerun `{again}` (same --out) to go on")
     return 1 if left else 0

@@ -48,12 +48,13 @@ from sandbox.sweep.study import (FINAL_FAIL, HOST, heartbeat_interval, holds, lo
 
 class _Worker:
     def __init__(self, sweep_dir: Path, study, parent: int, gpu: str | None, stack: int = 1,
-                 until: float | None = None):
+                 until: float | None = None, points: set[str] | None = None):
         self.dir, self.study, self.parent, self.gpu, self.stack = sweep_dir, study, parent, gpu, stack
         self.spec = study.user_attrs["spec"]
         self.training = False
         self.stop = False
         self.until = until                  # epoch seconds by which claimed work must be done (None: no limit)
+        self.points = points                # the point ids this launch trains (None: any waiting trial)
         self.paces: dict[str, tuple[str, float, float]] = {}   # stack key -> (family, trial-steps/s, trial-steps)
                                                                # over the groups this worker measured
         self.out_of_time = False
@@ -101,7 +102,8 @@ class _Worker:
                 self.claimed = True
                 return [first]
         if first is None:
-            self.out_of_time = self.until is not None and bool(trials_in(self.study, (TrialState.WAITING,)))
+            self.out_of_time = self.until is not None and any(map(self._ours, trials_in(self.study,
+                                                                                        (TrialState.WAITING,))))
             return []
         t = self.study.trial_by_number(first)
         key, used = self._stack_key(t), self._steps_left(t) or 0
@@ -199,7 +201,7 @@ class _Worker:
 
         study = self.study
         for t in trials_in(study, (TrialState.WAITING,)):
-            if not wanted(t) or not study.claim(t.number):
+            if not self._ours(t) or not wanted(t) or not study.claim(t.number):
                 continue
             if uses_heartbeat(study.storage):
                 study.beat(t.number)
@@ -210,6 +212,9 @@ class _Worker:
             study.set_trial_attr(t.number, "duplicate_of", earlier)
             study.fail(t.number)
         return None
+
+    def _ours(self, t) -> bool:
+        return self.points is None or t.user_attrs.get("point_id") in self.points
 
     def _held_elsewhere(self, t) -> int | None:
         """The number of an earlier trial that holds ``t``'s point (done, or claimed before it), if any."""
@@ -463,6 +468,7 @@ def worker_main(argv=None) -> int:
     p.add_argument("--storage-timeout", type=float, default=DEFAULT_TIMEOUT_S)
     p.add_argument("--stack", type=int, default=1, help="trials trained together as stacked replicas, at most")
     p.add_argument("--until", type=float, help="time limit (epoch seconds): take only trials that finish by then")
+    p.add_argument("--points", help="a JSON list of the point ids to train (default: any waiting trial)")
     a = p.parse_args(argv)
     import optuna
     import torch
@@ -473,7 +479,8 @@ def worker_main(argv=None) -> int:
         storage = open_storage(sweep_dir, a.storage, a.heartbeat, a.storage_timeout)
         study = load_study(storage, a.study)
         gpu = os.environ.get("CUDA_VISIBLE_DEVICES") or None
-        return _Worker(sweep_dir, study, a.parent, gpu, a.stack, a.until).run()
+        points = set(json.loads(Path(a.points).read_text())) if a.points else None
+        return _Worker(sweep_dir, study, a.parent, gpu, a.stack, a.until, points).run()
     except StorageUnavailable as e:     # the one place a worker ends for the storage
         print(f"worker stopped: {e}", flush=True)
         return EXIT_STORAGE
