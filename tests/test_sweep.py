@@ -237,6 +237,26 @@ def test_diverging_and_raising_trials_are_recorded_failed(tmp_path, capsys):
     assert status == {"complete": 1, "requeued": 3, "failed": 3}, status
 
 
+def test_a_point_that_failed_then_succeeded_on_retry_trains_again_on_retrain(tmp_path):
+    """Failed, retried with --retry-failed, then retrained (the laLTE rows' history): the retrain trains the point
+    again. It had been dropped as a duplicate of the first, failed trial, which still counted as holding it."""
+    path = write(tmp_path, "name: again\ngrid:\n  model.d_model: [16]\n", steps=10)
+    out = tmp_path / "out"
+    point = load_sweep(path).points()[0].point_id
+    blocked = out / "trials" / f"0-{point[:8]}"
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("a file where the first trial's run directory goes: its training fails")
+    run_sweep(path, out, "--workers", "1")
+    assert [t.state.name for t in trials_of(out)] == ["FAIL"]
+    blocked.unlink()
+    assert run_sweep(path, out, "--workers", "1", "--retry-failed").returncode == 0
+    r = run_sweep(path, out, "--workers", "1", "--retrain", "model.d_model=16")
+    assert r.returncode == 0, r.stdout + r.stderr
+    t = trials_of(out)
+    assert [x.state.name for x in t] == ["FAIL", "COMPLETE", "COMPLETE"], [x.user_attrs for x in t]
+    assert t[2].user_attrs["retrain_of"] == 1 and "duplicate_of" not in t[2].user_attrs
+
+
 @pytest.mark.slow
 def test_retrain_trains_the_matching_finished_points_again_and_supersedes_their_rows(tmp_path, capsys):
     """After a fix to what some trials trained on (sla_heads' 16-head kernel), `--retrain KEY=VALUE` trains the

@@ -224,6 +224,9 @@ class _Worker:
         retry = "retry_of" in t.user_attrs      # earlier failures of its point are what it retries
         trials = trials_in(self.study)
         gone = superseded(trials)               # finished trials that a retrain replaces
+        # and failures that a retry replaced: a retrain of the retry's run must not count as their duplicate
+        gone.update({int(o.user_attrs["retry_of"]): o for o in trials
+                     if "retry_of" in o.user_attrs and "duplicate_of" not in o.user_attrs})
         for o in trials:
             if (retry and o.state == TrialState.FAIL and o.number < t.number) or o.number in gone:
                 continue
