@@ -127,8 +127,8 @@ def _study(tmp_path, text=LIMITED):
 
 def test_near_a_time_limit_a_worker_stacks_only_what_finishes(tmp_path):
     """A stack of n trials of 100 steps is taken when 30 s of start-up + 1.5 x 100 n steps at the measured pace
-    fit in the time left: at 10 trial-steps/s and 70 s left two of a grid point's three learning rates do
-    (60 s), three (75 s) do not; with 20 s left, less than a start-up, nothing does."""
+    fit in the time left: at 10 trial-steps/s (measured on one trial) and 70 s left two of a grid point's three
+    learning rates do (60 s), three (75 s) do not; with 20 s left, less than a start-up, nothing does."""
     from sandbox.sweep import packing
     from sandbox.sweep.worker import _Worker
     assert (packing.STARTUP_S, packing.SAFETY) == (30.0, 1.5)      # the numbers the counts below assume
@@ -136,7 +136,7 @@ def test_near_a_time_limit_a_worker_stacks_only_what_finishes(tmp_path):
     w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
     first = study.get_trials()[0]                                   # the queue's head: grid point d_model 16
     key, family, _ = w._kind(first)
-    w.paces = {key: (family, 10.0, 300)}
+    w.paces = {key: (family, 10.0, 300, 1)}
     group = w.claim()
     trials = [study.trial_by_number(n) for n in group]
     assert len(group) == 2 and trials[0].params["model.d_model"] == trials[1].params["model.d_model"]
@@ -147,28 +147,45 @@ def test_near_a_time_limit_a_worker_stacks_only_what_finishes(tmp_path):
     assert len(fresh.claim()) == 3
     # a later worker starts from the paces its peers recorded: the d_model 32 point has none of its own
     # nor of its family, so it takes d_model 16's over the ratio of widths, 5 trial-steps/s
-    packing.record_pace(tmp_path / "out", {key: (family, 10.0, 300)})
+    packing.record_pace(tmp_path / "out", {key: (family, 10.0, 300, 1)})
     late = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
     assert len(late.claim()) == 1            # 30 + 1.5 x 100 / 5 = 60 s fits in 70; the one trial left
 
 
+def test_a_pace_measured_on_a_stack_does_not_make_a_lone_trial_look_faster(tmp_path):
+    """A stack of 3 that trained 30 trial-steps/s stepped 10 times a second. A lone trial of its kind is sized
+    at those 10 steps/s, not at 30: 30 + 1.5 x 100 / 10 = 45 s, so with 40 s left it is not started (at 30 it
+    would have looked like 35 s). A group larger than the measured one takes its 30 trial-steps/s."""
+    from sandbox.sweep import packing
+    assert packing.fits(100, 1, (30.0, 3), 45.0) and not packing.fits(100, 1, (30.0, 3), 44.0)
+    assert packing.fits(300, 3, (30.0, 3), 45.0) and not packing.fits(600, 6, (30.0, 3), 59.0)
+    assert packing.fits(600, 6, (30.0, 3), 60.0)
+    from sandbox.sweep.worker import _Worker
+    study = _study(tmp_path)
+    w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 40)
+    w.paces = {k: (f, 30.0, 300, 3) for k, f, _ in map(w._kind, study.get_trials())}   # both grid points
+    assert w.claim() == [] and w.out_of_time
+
+
 def test_a_fresh_worker_sizes_its_claims_from_the_groups_the_sweep_finished_before(tmp_path):
     """A new launch (a fresh machine) has no records of its own: the completed trials' groups give the pace.
-    The d_model 16 point's three trials finished as a stack of 3 x 100 steps in 30 s (10 trial-steps/s). Its
-    kind is then known; the d_model 32 point's is not, so it is sized at half of that: at 5 trial-steps/s one
-    trial takes 30 + 1.5 x 100 / 5 = 60 s, two 90 s (d_model 16's pace over the ratio of widths)."""
+    The d_model 16 point's three trials finished as a stack of 3 x 100 steps in 30 s (10 trial-steps/s, 3.3
+    steps/s). Its kind is then known; the d_model 32 point's is not, so it is sized at half of that (d_model
+    16's pace over the ratio of widths): a group of up to three steps at 1.7 steps/s, 30 + 1.5 x 100 / (5 / 3)
+    = 120 s. With 70 s left none fits, and one trial is trained alone to measure the kind; with 130 s a
+    worker takes the rest of the point."""
     from sandbox.sweep.worker import _Worker
     study = _study(tmp_path)
     w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3)
     for n in w.claim():
         study.set_trial_attr(n, "result", {"steps": 100, "replicas": 3, "wall_time_s": 30.0})
         study.tell(n, 0.5)
-    fresh = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
+    tight = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
     done = study.get_trials()[0]
-    assert fresh._paces() == {fresh._kind(done)[0]: (fresh._kind(done)[1], 10.0)}
-    assert len(fresh.claim()) == 1
-    roomier = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 100)
-    assert len(roomier.claim()) == 2
+    assert tight._paces() == {tight._kind(done)[0]: (tight._kind(done)[1], 10.0, 3)}
+    assert len(tight.claim()) == 1
+    roomier = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 130)
+    assert len(roomier.claim()) == 2                                    # the two left of the point
 
 
 def test_the_longest_group_of_a_kind_gives_its_pace_the_latest_among_equals(tmp_path):
@@ -185,12 +202,12 @@ def test_the_longest_group_of_a_kind_gives_its_pace_the_latest_among_equals(tmp_
         study.set_trial_attr(n, "result", {"steps": steps, "replicas": 1, "wall_time_s": wall})
         study.tell(n, 0.5)
         time.sleep(0.01)
-        assert w._paces() == {key: (family, pace)}
+        assert w._paces() == {key: (family, pace, 1)}
     # this launch's records weigh the same way: a shorter group measured now does not replace it, an equal one does
-    w.paces = {key: (family, 1.0, 40)}
-    assert w._paces() == {key: (family, 10.0)}
-    w.paces = {key: (family, 1.0, 100)}
-    assert w._paces() == {key: (family, 1.0)}
+    w.paces = {key: (family, 1.0, 40, 1)}
+    assert w._paces() == {key: (family, 10.0, 1)}
+    w.paces = {key: (family, 1.0, 100, 1)}
+    assert w._paces() == {key: (family, 1.0, 1)}
 
 
 def test_a_kind_guessed_too_slow_for_the_limit_is_measured_alone_at_a_launchs_start(tmp_path):
@@ -203,30 +220,31 @@ def test_a_kind_guessed_too_slow_for_the_limit_is_measured_alone_at_a_launchs_st
     small, big = study.get_trials()[0], study.get_trials()[3]                 # d_model 16, d_model 32
     key16, fam16, _ = w._kind(small)
     assert w._kind(big)[0] != key16
-    w.paces = {key16: (fam16, 1.0, 100)}          # d_model 16: 30 + 1.5 x 100 / 1 = 180 s; d_model 32 guessed at 0.5
+    w.paces = {key16: (fam16, 1.0, 100, 1)}       # d_model 16: 30 + 1.5 x 100 / 1 = 180 s; d_model 32 guessed at 0.5
     group = w.claim()
     assert [study.trial_by_number(n).params["model.d_model"] for n in group] == [big.params["model.d_model"]]
     assert w.claim() == [] and w.out_of_time             # one probe; a worker that has worked does not probe
     measured = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 60)
-    measured.paces = {key16: (fam16, 1.0, 100), w._kind(big)[0]: (w._kind(big)[1], 1.0, 100)}
+    measured.paces = {key16: (fam16, 1.0, 100, 1), w._kind(big)[0]: (w._kind(big)[1], 1.0, 100, 1)}
     assert measured.claim() == [] and measured.out_of_time                # measured too slow: stays queued
 
 
 def test_an_unmeasured_kind_of_stack_takes_its_familys_slowest_pace():
     """Own pace first; else the slowest of the same mixer, width and length (GSA's two settings); else that
     mixer's at another width, scaled down where wider; else half the slowest of all; else unknown."""
-    paces = {"gla-a": ("gla|128|320", 150.0), "gsa-a": ("gsa|128|320", 60.0), "gsa-b": ("gsa|128|320", 80.0)}
-    assert packing.pace_for("gla-a", "gla|128|320", paces) == 150.0
-    assert packing.pace_for("gsa-c", "gsa|128|320", paces) == 60.0
-    assert packing.pace_for("metala-a", "metala|128|320", paces) == 60.0 / packing.UNKNOWN_SLOWER
+    paces = {"gla-a": ("gla|128|320", 150.0, 9), "gsa-a": ("gsa|128|320", 60.0, 3),
+             "gsa-b": ("gsa|128|320", 80.0, 3)}
+    assert packing.pace_for("gla-a", "gla|128|320", paces) == (150.0, 9)
+    assert packing.pace_for("gsa-c", "gsa|128|320", paces) == (60.0, 3)
+    assert packing.pace_for("metala-a", "metala|128|320", paces) == (60.0 / packing.UNKNOWN_SLOWER, 3)
     # another width of a measured mixer: its slowest pace, over the ratio of widths where this one is wider
-    assert packing.pace_for("gsa-w", "gsa|256|320", paces) == 30.0
-    assert packing.pace_for("gsa-n", "gsa|64|320", paces) == 60.0
+    assert packing.pace_for("gsa-w", "gsa|256|320", paces) == (30.0, 3)
+    assert packing.pace_for("gsa-n", "gsa|64|320", paces) == (60.0, 3)
     # another length: the longest shorter one measured for that mixer, over the ratio of lengths (and widths)
-    assert packing.pace_for("gsa-l", "gsa|256|640", paces) == 60.0 / 2 / 2
-    paces["gsa-s"] = ("gsa|128|64", 500.0)                                  # shorter still: not the nearest
-    assert packing.pace_for("gsa-l", "gsa|128|640", paces) == 30.0
-    assert packing.pace_for("gsa-t", "gsa|128|32", paces) == 60.0 / packing.UNKNOWN_SLOWER   # only longer ones
+    assert packing.pace_for("gsa-l", "gsa|256|640", paces) == (60.0 / 2 / 2, 3)
+    paces["gsa-s"] = ("gsa|128|64", 500.0, 3)                               # shorter still: not the nearest
+    assert packing.pace_for("gsa-l", "gsa|128|640", paces) == (30.0, 3)
+    assert packing.pace_for("gsa-t", "gsa|128|32", paces) == (60.0 / packing.UNKNOWN_SLOWER, 3)  # only longer
     assert packing.pace_for("metala-a", "metala|128|320", {}) is None
 
 

@@ -18,8 +18,10 @@ results/sweep_packing/README.md). So:
 With a time limit (``sandbox sweep --time-limit``) a worker sizes what it takes to what finishes before
 the limit (``fits``), from the pace measured for that kind of stack (``pace_for``): in this launch, or
 from the trials the sweep finished before (their groups' wall time), so that a fresh machine does not
-start blind. Near the end it stacks fewer trials, then none, instead of starting stacks that the limit
-would cut off (where the machine goes away at the limit, their checkpoints go with it). Under a limit the
+start blind. A pace is measured on a group of some number of replicas: a larger group is taken to train as
+many trial-steps per second, a smaller one as many steps per second (``fits``). Near the end it stacks fewer
+trials where that finishes sooner, then none, instead of starting stacks that the limit would cut off (where
+the machine goes away at the limit, their checkpoints go with it). Under a limit the
 launcher runs one worker per GPU unless told otherwise: another one sharing the GPU would slow the stacks
 each sized to the limit, so that none finishes in time (results/sweep_packing/README.md).
 
@@ -170,36 +172,47 @@ def release_gpu_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def fits(trial_steps: int, rate: float | None, seconds_left: float) -> bool:
-    """Whether a group of ``trial_steps`` (summed over its trials) finishes in ``seconds_left`` at ``rate``
-    trial-steps per second (None: nothing measured yet, so only the start-up is checked)."""
+def fits(trial_steps: int, trials: int, pace: tuple[float, int] | None, seconds_left: float) -> bool:
+    """Whether a group of ``trials`` and ``trial_steps`` (summed over them) finishes in ``seconds_left`` at
+    ``pace``, (trial-steps/s, replicas of the group it was measured on); None: nothing measured yet, so only
+    the start-up is checked. A stack never trains fewer trial-steps per second than a smaller one of its kind,
+    nor steps more slowly than a larger one: so a group larger than the measured one takes at most its pace,
+    and a smaller one at most its steps per second. A small model's stack of 9 trains at nearly the steps
+    per second of one trial (the laLTE rows, figures/lalte_hybrid/): a stack's pace taken as one trial's had
+    it look nine times faster than it is."""
     if seconds_left < STARTUP_S:
         return False
-    return rate is None or STARTUP_S + SAFETY * trial_steps / rate <= seconds_left
+    if pace is None:
+        return True
+    rate, replicas = pace
+    return STARTUP_S + SAFETY * trial_steps / (rate * min(1.0, trials / replicas)) <= seconds_left
 
 
-def pace_for(key: str, family: str, paces: dict[str, tuple[str, float]]) -> float | None:
-    """The pace (trial-steps/s) to size a group of stack ``key`` by, from ``paces`` (stack key -> (family,
-    pace)) measured so far: its own; else the slowest of its family (same mixer, width and length: mixers
-    of one width train at very different paces, and sizing GSA by GLA's started stacks the limit then cut
-    off); else the slowest of the same mixer and length at another width, slowed by the ratio of widths
-    where this one is wider; else the same at the longest shorter length measured for that mixer, slowed by
-    the ratio of lengths too; else the slowest of all over ``UNKNOWN_SLOWER``; None where nothing is known.
-    The slowest of all alone was so far below most kinds' own paces that whole columns of a grid fit no
-    trial (results/sweep_packing/README.md)."""
+def pace_for(key: str, family: str, paces: dict[str, tuple[str, float, int]]) -> tuple[float, int] | None:
+    """The pace to size a group of stack ``key`` by, (trial-steps/s, replicas it was measured on), from
+    ``paces`` (stack key -> (family, trial-steps/s, replicas)) measured so far: its own; else the slowest of
+    its family (same mixer, width and length: mixers of one width train at very different paces, and sizing
+    GSA by GLA's started stacks the limit then cut off); else the slowest of the same mixer and length at
+    another width, slowed by the ratio of widths where this one is wider; else the same at the longest
+    shorter length measured for that mixer, slowed by the ratio of lengths too; else the slowest of all over
+    ``UNKNOWN_SLOWER``; None where nothing is known. The slowest of all alone was so far below most kinds'
+    own paces that whole columns of a grid fit no trial (results/sweep_packing/README.md)."""
     if key in paces:
-        return paces[key][1]
-    kin = [r for f, r in paces.values() if f == family]
+        return paces[key][1:]
+    kin = [(r, n) for f, r, n in paces.values() if f == family]
     if kin:
         return min(kin)
     mixer, width, length = _family_parts(family)
-    same = [(w, n, r) for f, r in paces.values() for m, w, n in [_family_parts(f)] if m == mixer and w and width]
-    shorter = [n for _, n, _ in same if n is not None and length is not None and n < length]
-    at = length if any(n == length for _, n, _ in same) else max(shorter, default=None)
-    rates = [r * min(1.0, w / width) * (n / length if n != length else 1.0) for w, n, r in same if n == at]
+    same = [(w, n, r, k) for f, r, k in paces.values() for m, w, n in [_family_parts(f)] if m == mixer and w and width]
+    shorter = [n for _, n, _, _ in same if n is not None and length is not None and n < length]
+    at = length if any(n == length for _, n, _, _ in same) else max(shorter, default=None)
+    rates = [(r * min(1.0, w / width) * (n / length if n != length else 1.0), k) for w, n, r, k in same if n == at]
     if rates:
         return min(rates)
-    return min(r for _, r in paces.values()) / UNKNOWN_SLOWER if paces else None
+    if not paces:
+        return None
+    rate, replicas = min((r, n) for _, r, n in paces.values())
+    return rate / UNKNOWN_SLOWER, replicas
 
 
 def _family_parts(family: str) -> tuple[str, int | None, int | None]:
@@ -208,25 +221,26 @@ def _family_parts(family: str) -> tuple[str, int | None, int | None]:
     return mixer, int(width) if width.isdigit() else None, int(length) if length.isdigit() else None
 
 
-def record_pace(sweep_dir: Path, paces: dict[str, tuple[str, float, float]]) -> None:
-    """A worker's measured paces (stack key -> (family, trial-steps/s, trial-steps it was measured over)), for
-    workers that start later."""
+def record_pace(sweep_dir: Path, paces: dict[str, tuple[str, float, float, int]]) -> None:
+    """A worker's measured paces (stack key -> (family, trial-steps/s, trial-steps it was measured over,
+    replicas of that group)), for workers that start later."""
     d = Path(sweep_dir) / "logs"
     d.mkdir(parents=True, exist_ok=True)
     write_json(d / f"pace-{os.getpid()}.json", paces)
 
 
-def known_paces(sweep_dir: Path) -> dict[str, tuple[str, float, float]]:
-    """The slowest pace of each stack key that this launch's workers recorded (the launcher clears them)."""
-    out: dict[str, tuple[str, float, float]] = {}
+def known_paces(sweep_dir: Path) -> dict[str, tuple[str, float, float, int]]:
+    """The slowest pace of each stack key that this launch's workers recorded (the launcher clears them), in
+    steps per second of its group: trial-steps/s over replicas."""
+    out: dict[str, tuple[str, float, float, int]] = {}
     for f in (Path(sweep_dir) / "logs").glob("pace-*.json"):
         try:
             recs = json.loads(f.read_text())
         except (OSError, ValueError):
             continue
-        for key, (family, rate, trained) in recs.items():
-            if key not in out or rate < out[key][1]:
-                out[key] = (family, float(rate), float(trained))
+        for key, (family, rate, trained, replicas) in recs.items():
+            if key not in out or rate / replicas < out[key][1] / out[key][3]:
+                out[key] = (family, float(rate), float(trained), int(replicas))
     return out
 
 

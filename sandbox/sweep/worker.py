@@ -55,8 +55,8 @@ class _Worker:
         self.stop = False
         self.until = until                  # epoch seconds by which claimed work must be done (None: no limit)
         self.points = points                # the point ids this launch trains (None: any waiting trial)
-        self.paces: dict[str, tuple[str, float, float]] = {}   # stack key -> (family, trial-steps/s, trial-steps)
-                                                               # over the groups this worker measured
+        # stack key -> (family, trial-steps/s, trial-steps, replicas) of the longest group of it this worker trained
+        self.paces: dict[str, tuple[str, float, float, int]] = {}
         self.out_of_time = False
         self.claimed = False                # whether this worker took any work in this launch
         self._keys: dict[int, tuple[str | None, int | None]] = {}      # number -> (stack key, steps left)
@@ -86,17 +86,17 @@ class _Worker:
         busy = {self._stack_key(t) for t in trials_in(self.study, (TrialState.RUNNING,))} - {None}
         fits = self._fits()
         # interrupted trials first (a requeued copy sits at the end of the queue): they have work in hand
-        first = self._claim_one(lambda t: self._resumes(t) and self._stack_key(t) not in busy and fits(t, 0))
+        first = self._claim_one(lambda t: self._resumes(t) and self._stack_key(t) not in busy and fits(t, 0, 1))
         if first is None and busy:
-            first = self._claim_one(lambda t: self._stack_key(t) not in busy and fits(t, 0))
+            first = self._claim_one(lambda t: self._stack_key(t) not in busy and fits(t, 0, 1))
         if first is None:
-            first = self._claim_one(lambda t: fits(t, 0))
+            first = self._claim_one(lambda t: fits(t, 0, 1))
         if first is None and self.until is not None and not self.claimed:
             # nothing fits at a launch's start: a kind never measured is only a guess (sized from another
             # width's or mixer's pace, which may be stale and far too slow), so train one trial of it alone
             # and measure it
             measured = set(self._paces()) | {None}        # kinds with a pace of their own (None: invalid)
-            if packing.fits(0, None, self.until - time.time()):
+            if packing.fits(0, 1, None, self.until - time.time()):
                 first = self._claim_one(lambda t: self._kind(t)[0] not in measured)
             if first is not None:
                 self.claimed = True
@@ -110,7 +110,7 @@ class _Worker:
         group = [first]
         self.claimed = True
         while key is not None and len(group) < self.stack:
-            tid = self._claim_one(lambda t: self._stack_key(t) == key and fits(t, used))
+            tid = self._claim_one(lambda t: self._stack_key(t) == key and fits(t, used, len(group) + 1))
             if tid is None:
                 break
             group.append(tid)
@@ -118,44 +118,45 @@ class _Worker:
         return group
 
     def _fits(self):
-        """``fits(trial, steps already claimed)``: whether adding the trial keeps the group inside the time limit,
-        at the pace measured for its kind of stack (``packing.pace_for``)."""
+        """``fits(trial, steps already claimed, trials with it)``: whether adding the trial keeps the group inside
+        the time limit, at the pace measured for its kind of stack (``packing.pace_for``)."""
         if self.until is None:
-            return lambda t, used: True
+            return lambda t, used, trials: True
         left = self.until - time.time()
         paces = self._paces()
 
-        def fits(t, used):
+        def fits(t, used, trials):
             key, family, _ = self._kind(t)
-            rate = packing.pace_for(key, family, paces) if key is not None else None
-            return packing.fits(used + (self._steps_left(t) or 0), rate, left)  # unknown: invalid, fails at once
+            pace = packing.pace_for(key, family, paces) if key is not None else None
+            return packing.fits(used + (self._steps_left(t) or 0), trials, pace, left)  # invalid: fails at once
         return fits
 
-    def _paces(self) -> dict[str, tuple[str, float]]:
+    def _paces(self) -> dict[str, tuple[str, float, int]]:
         """Paces by stack key, from the group that trained the most trial-steps of it, the latest among
         equals: the groups the sweep completed before (a completed trial's steps x replicas over its group's
         wall time), then this launch's (its workers' records, the slowest worker's where several trained a
         kind). The longest group is the measure least swayed by start-up: a trial that stopped early spent
         most of its wall time starting and on uncompiled steps, at half its kind's pace, and sized by it no
         later trial of the kind fitted the limit. The latest among equals, as the code and the runner change
-        between launches, and a kind's pace with them."""
+        between launches, and a kind's pace with them. Each pace: (family, trial-steps/s, replicas of the group)."""
         from optuna.trial import TrialState
-        best: dict[str, tuple[float, str, float]] = {}       # key -> (trial-steps, family, pace)
+        best: dict[str, tuple[float, str, float, int]] = {}       # key -> (trial-steps, family, pace, replicas)
         done = [t for t in trials_in(self.study, (TrialState.COMPLETE,)) if t.datetime_complete is not None]
         for t in sorted(done, key=lambda t: t.datetime_complete):
             res = t.user_attrs.get("result") or {}
             try:
-                trained = float(res["steps"]) * int(res.get("replicas") or 1)
+                replicas = int(res.get("replicas") or 1)
+                trained = float(res["steps"]) * replicas
                 rate = trained / float(res["wall_time_s"])
             except (KeyError, TypeError, ValueError, ZeroDivisionError):
                 continue
             key, family, _ = self._kind(t)
             if key is not None and trained >= best.get(key, (0.0,))[0]:
-                best[key] = (trained, family, rate)
-        for key, (family, rate, trained) in {**packing.known_paces(self.dir), **self.paces}.items():
+                best[key] = (trained, family, rate, replicas)
+        for key, (family, rate, trained, replicas) in {**packing.known_paces(self.dir), **self.paces}.items():
             if trained >= best.get(key, (0.0,))[0]:
-                best[key] = (trained, family, rate)
-        return {key: (family, rate) for key, (_, family, rate) in best.items()}
+                best[key] = (trained, family, rate, replicas)
+        return {key: (family, rate, replicas) for key, (_, family, rate, replicas) in best.items()}
 
     def _kind(self, t) -> tuple[str | None, str, int | None]:
         """(stack key, family, training steps) of a trial's configuration (key None: not a valid one)."""
@@ -420,8 +421,8 @@ class _Worker:
         trained = sum(max(0, n - (c.train.steps - res["steps"])) for c, n, res in zip(configs, left, results)
                       if res is not None and res.get("steps") is not None)
         key, family = _kind_of(configs[0])
-        if trained and wall > 0 and trained >= self.paces.get(key, ("", 0.0, 0.0))[2]:   # the longest group
-            self.paces[key] = (family, trained / wall, trained)
+        if trained and wall > 0 and trained >= self.paces.get(key, ("", 0.0, 0.0, 1))[2]:   # the longest group
+            self.paces[key] = (family, trained / wall, trained, len(configs))
             packing.record_pace(self.dir, self.paces)
 
 
