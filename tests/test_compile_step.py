@@ -25,7 +25,12 @@ def config(overrides=(), **model):
 
 @pytest.mark.slow
 def test_a_compiled_run_trains_as_the_eager_one_and_its_result_splits_the_wall_time_by_phase(tmp_path):
+    from torch._dynamo.utils import counters
+    bypassed = counters["aot_autograd"]["autograd_cache_bypass"]
     runs = {c: train(config([f"train.compile={c}"]), tmp_path / c, progress=False) for c in ("false", "true")}
+    # AOTAutograd's cache keeps the step (split_linear's autograd.Function in it), so a later process need not
+    # trace and partition it again
+    assert counters["aot_autograd"]["autograd_cache_bypass"] == bypassed
     eager, compiled = (torch.load(tmp_path / c / "checkpoint.pt", weights_only=False)["model"] for c in runs)
     for name in eager:
         # fused float64 arithmetic rounds differently; Adam's normalisation lifts that to ~1e-8
