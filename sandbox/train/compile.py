@@ -197,7 +197,8 @@ def compiled(fn, replicas: int = 1):
     # told otherwise, and then every process traces the joint graph and partitions it again (1.7 s of the 5.1 s a
     # cached GLA step took to compile on the CPU). Its key covers the Function's traced forward and backward,
     # so a changed Function misses the cache rather than reusing a stale graph.
-    torch._functorch.config.autograd_cache_allow_custom_autograd_functions = True
+    from torch._functorch import config as functorch
+    functorch.autograd_cache_allow_custom_autograd_functions = True
     dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
     dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
     _compiled_steps += 1
