@@ -178,8 +178,8 @@ def fits(trial_steps: int, trials: int, pace: tuple[float, int] | None, seconds_
     the start-up is checked. A stack never trains fewer trial-steps per second than a smaller one of its kind,
     nor steps more slowly than a larger one: so a group larger than the measured one takes at most its pace,
     and a smaller one at most its steps per second. A small model's stack of 9 trains at nearly the steps
-    per second of one trial (the laLTE rows, figures/lalte_hybrid/): a stack's pace taken as one trial's had
-    it look nine times faster than it is."""
+    per second of one trial (results/sweep_packing/README.md): a stack's pace taken as one trial's had a
+    lone trial look nine times faster than it is."""
     if seconds_left < STARTUP_S:
         return False
     if pace is None:
@@ -245,7 +245,7 @@ def known_paces(sweep_dir: Path) -> dict[str, tuple[str, float, float, int]]:
 
 
 def clear_pace(sweep_dir: Path) -> None:
-    """Forget what an earlier launch left: its workers' paces and training markers, the points it trained."""
-    for pattern in ("pace-*", "training-*", "points-*"):
+    """Forget what the workers of an earlier launch left: their paces and training markers."""
+    for pattern in ("pace-*", "training-*"):
         for f in (Path(sweep_dir) / "logs").glob(pattern):
             f.unlink(missing_ok=True)

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -236,9 +237,10 @@ class _Launch:
         self.sampler = GpuSampler(gpus)
         self.outcome = Outcome()
         # this file's points: a study two files share (a figure's control and its rows) trains, in this launch,
-        # only what this file asks for, whatever else waits in it
+        # only what this file asks for, whatever else waits in it. Named for this launch alone: launchers on
+        # several machines may share the directory.
         self.points = {p.point_id for p in spec.points()}
-        self.points_file = sweep_dir / "logs" / f"points-{os.getpid()}.json"
+        self.points_file = sweep_dir / "logs" / f"points-{uuid.uuid4().hex[:12]}.json"
 
     def supervise(self, board) -> Outcome:
         (self.dir / "logs").mkdir(exist_ok=True)
@@ -273,6 +275,7 @@ class _Launch:
             raise
         finally:
             self.sampler.done.set()
+            self.points_file.unlink(missing_ok=True)
         return self.outcome
 
     def _collect_exits(self, board) -> None:
