@@ -50,13 +50,13 @@ def score(sweep_dir, device: str = "auto", batch_size: int = 256, log=print) -> 
             before = {(r["row"], int(r["G"]), int(r["seed"])): r for r in csv.DictReader(f)}
     out, missing, visited = [], [], set()
 
-    def write():
-        # after every run scored, so that a call cut off by its time limit keeps what it scored; the cells not
-        # reached yet keep their earlier rows
+    def write(final: bool = False):
+        # after every run scored too, so that a machine's time limit does not take what it scored; until the end
+        # the cells not reached yet keep their earlier rows
         with path.open("w", newline="") as f:
             w = csv.DictWriter(f, FIELDS)
             w.writeheader()
-            w.writerows(out + [r for k, r in before.items() if k not in visited])
+            w.writerows(out + ([] if final else [r for k, r in before.items() if k not in visited]))
 
     for row in fig.lte_rows(pairs):
         for g in gaps.values():
@@ -82,8 +82,7 @@ def score(sweep_dir, device: str = "auto", batch_size: int = 256, log=print) -> 
                        f"{scored['weights_step']}: its weights there were not kept, so claims 4 and 6 leave it out"))
     for m in missing:
         log(f"not scored here, no checkpoint: {m}")
-    visited.update(before)
-    write()
+    write(final=True)
     return path
 
 

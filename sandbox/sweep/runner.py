@@ -128,7 +128,7 @@ def run_sweep(spec, sweep_dir: Path, *, storage_url: str | None = None, workers:
                                  gpu_samples=launch.sampler.samples, console=console)
     finally:
         lock.close()
-    return _closing(console, spec, study, outcome)
+    return _closing(console, spec, study, outcome, launch.points)
 
 
 def _lock(sweep_dir: Path, shared: bool):
@@ -356,12 +356,11 @@ class _Launch:
                                     start_new_session=True)                             # reaches the launcher only
 
 
-def _closing(console, spec, study, outcome: Outcome) -> int:
+def _closing(console, spec, study, outcome: Outcome, points: set[str]) -> int:
     again = f"sandbox sweep {spec.source}" + "".join(f" --set {o}" for o in spec.overrides)
     if outcome.interrupted:
         console.print(f"rerun `{again}` (same --out) to resume")
         return 130
-    points = {p.point_id for p in spec.points()}
     left = [t for t in trials_in(study) if t.state.name in ("WAITING", "RUNNING")
             and t.user_attrs.get("point_id") in points]
     if left and (outcome.timed_out or outcome.out_of_time):
