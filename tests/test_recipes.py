@@ -74,3 +74,41 @@ def test_written_out_attention_equals_sdpa_without_dropout():
     mask = causal_window_mask(16, 4, "cpu")
     windowed = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert torch.allclose(softmax_attention(q, k, v, mask, 0.0), windowed)
+
+
+def test_a_study_from_before_the_per_point_recipe_trains_its_waiting_trials_with_it(tmp_path):
+    """A study stores the base config its sweep resolved, and the workers build every trial from it. A study
+    created while the recipe was resolved on the base (batch 512 and 12,500 steps, from seq_len 64) must not
+    train its waiting (256, 16) and (512, 64) points that way once the sweep is launched again."""
+    import os
+
+    from sandbox.config import to_dict
+    from sandbox.sweep.runner import _open_study
+    from sandbox.sweep.spec import load_sweep
+    from sandbox.sweep.study import enqueue_points, open_storage, prepare_study
+    from sandbox.sweep.worker import _Worker
+    f = tmp_path / "s.yaml"
+    f.write_text("name: s\nbase: {task: {name: mqar, seq_len: 64, num_kv_pairs: 4}, model: {mixer: attention}, "
+                 "train: {recipe: zoology}}\ngrid: {\"task.seq_len, task.num_kv_pairs\": [[64, 4], [256, 16], [512, 64]]}\n"
+                 "objective: {metric: val/accuracy, mode: best}\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = load_sweep(f)
+    study = prepare_study(spec, open_storage(out, None))
+    old_base = to_dict(load_config(data={"task": {"name": "mqar", "seq_len": 64, "num_kv_pairs": 4},
+                                         "model": {"mixer": "attention"}, "train": {"recipe": "zoology"}}))
+    old_base["name"] = None
+    assert (old_base["train"]["batch_size"], old_base["train"]["steps"]) == (512, 12_500)
+    study.set_user_attr("spec", {**study.user_attrs["spec"], "base": old_base})
+    enqueue_points(study, spec)
+
+    def steps_by_point(study):
+        w = _Worker(out, study, os.getpid(), None, stack=1)
+        return sorted(w._kind(t)[2] for t in study.get_trials(deepcopy=False))
+
+    assert steps_by_point(study) == [12_500] * 3           # what the old study would train
+    study, _, notes = _open_study(spec, out, None, 10, 60, False, [])
+    assert steps_by_point(study) == [ZOOLOGY[T][1] for T in (64, 256, 512)]
+    assert any("no longer fixed there: " in n and "train.batch_size" in n for n in notes), notes
+    study, _, notes = _open_study(spec, out, None, 10, 60, False, [])   # once only
+    assert not any("base config" in n for n in notes), notes

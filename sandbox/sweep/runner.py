@@ -27,8 +27,8 @@ from pathlib import Path
 from sandbox.train.files import write_json
 from sandbox.sweep import packing
 from sandbox.sweep.storage import DEFAULT_TIMEOUT_S, EXIT_STORAGE, StorageUnavailable
-from sandbox.sweep.study import (enqueue_points, open_storage, prepare_study, reap, trials_in, unpack_journal,
-                                  uses_heartbeat)
+from sandbox.sweep.study import (adopt_base, enqueue_points, open_storage, prepare_study, reap, trials_in,
+                                  unpack_journal, uses_heartbeat)
 
 # ---- launcher ------------------------------------------------------------------------------
 
@@ -159,6 +159,9 @@ def _open_study(spec, sweep_dir, storage_url, heartbeat, storage_timeout, retry_
     study = prepare_study(spec, storage)
     shutil.copyfile(spec.source, sweep_dir / "sweep.yaml")
     notes = reap(study, uses_heartbeat(storage), adopt_foreign=True)
+    adopted = adopt_base(study, spec)
+    if adopted:
+        notes.insert(0, adopted)
     if unpacked:
         notes.insert(0, unpacked)
     added = enqueue_points(study, spec, retry_failed, retrain)

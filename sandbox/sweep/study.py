@@ -416,6 +416,26 @@ def prepare_study(spec, storage) -> SweepStudy:
     return load_study(storage, spec.name)
 
 
+def adopt_base(study, spec) -> str | None:
+    """Store this sandbox's base config in a study that ``prepare_study`` accepted, where the two differ only in
+    keys one side has: the workers build every trial from the stored base, so the trials still waiting train as
+    this sandbox resolves the sweep file (a recipe's values left for each point to fill, a field added or
+    removed), not as the sandbox that created the study did. A note naming the keys, or None."""
+    from sandbox.config import flatten
+
+    old, fp = study.user_attrs["spec"], spec.fingerprint()
+    a, b = flatten({"base": old["base"]}), flatten({"base": fp["base"]})
+    if a == b:
+        return None
+    study.set_user_attr("spec", {**old, "base": fp["base"]})
+    dropped, added = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+    names = lambda keys: ", ".join(k.removeprefix("base.") for k in keys)
+    changes = "; ".join(f"{what}: {names(keys)}" for what, keys in (("no longer fixed there", dropped),
+                                                                       ("new", added)) if keys)
+    return (f"the study's base config is updated to how this sandbox reads {spec.source} ({changes}); waiting "
+            f"trials train with it, finished ones keep the config in their result.json")
+
+
 # ---- objective and pruning ---------------------------------------------------------------
 
 def objective_value(history: list[dict], metric: str, mode: str, direction: str) -> float:
