@@ -112,3 +112,8 @@ def test_a_study_from_before_the_per_point_recipe_trains_its_waiting_trials_with
     assert any("no longer fixed there: " in n and "train.batch_size" in n for n in notes), notes
     study, _, notes = _open_study(spec, out, None, 10, 60, False, [])   # once only
     assert not any("base config" in n for n in notes), notes
+    # a study whose base set another batch than the recipe gives there is another protocol: refused
+    other = {**old_base, "train": {**old_base["train"], "batch_size": 256}}
+    study.set_user_attr("spec", {**study.user_attrs["spec"], "base": other})
+    with pytest.raises(ConfigError, match=r"base\.train\.batch_size: differs from the study 's' .*\(256 there, 512 here\)"):
+        _open_study(spec, out, None, 10, 60, False, [])

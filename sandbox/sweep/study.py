@@ -405,8 +405,9 @@ def prepare_study(spec, storage) -> SweepStudy:
     if old is None:
         study.set_user_attr("spec", fp)
         return load_study(storage, spec.name)
-    # base keys only one side has are config fields added or removed by a newer sandbox: no change
-    a, b = flatten({"base": old["base"]}), flatten({"base": fp["base"]})
+    # base keys only one side has are config fields added or removed by a newer sandbox: no change. A recipe's
+    # values are compared as the recipe fills them at the base (as a sandbox before per-point recipes stored them)
+    a, b = flatten({"base": old["base"]}), flatten({"base": _filled(fp["base"], spec.source)})
     a.update(objective=old.get("objective"), pruning=old.get("pruning"))
     b.update(objective=fp["objective"], pruning=fp["pruning"])
     for key in sorted(set(a) & set(b)):
@@ -414,6 +415,14 @@ def prepare_study(spec, storage) -> SweepStudy:
             raise ConfigError(spec.source, key, f"differs from the study {spec.name!r} already in this storage "
                               f"({a[key]!r} there, {b[key]!r} here); change `name` or the output directory")
     return load_study(storage, spec.name)
+
+
+def _filled(base: dict, src) -> dict:
+    """``base`` with what its recipe leaves for each point filled at the base's own values."""
+    from sandbox.config import config_from_dict, to_dict
+
+    filled = to_dict(config_from_dict({k: v for k, v in base.items() if k != "name"}, str(src)))
+    return {**filled, "name": base.get("name")}
 
 
 def adopt_base(study, spec) -> str | None:
