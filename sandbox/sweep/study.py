@@ -438,9 +438,8 @@ def adopt_base(study, spec) -> str | None:
         return None
     study.set_user_attr("spec", {**old, "base": fp["base"]})
     dropped, added = sorted(set(a) - set(b)), sorted(set(b) - set(a))
-    names = lambda keys: ", ".join(k.removeprefix("base.") for k in keys)
-    changes = "; ".join(f"{what}: {names(keys)}" for what, keys in (("no longer fixed there", dropped),
-                                                                       ("new", added)) if keys)
+    changes = "; ".join(f"{what}: {', '.join(k.removeprefix('base.') for k in keys)}"
+                        for what, keys in (("no longer fixed there", dropped), ("new", added)) if keys)
     return (f"the study's base config is updated to how this sandbox reads {spec.source} ({changes}); waiting "
             f"trials train with it, finished ones keep the config in their result.json")
 
