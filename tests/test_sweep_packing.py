@@ -126,12 +126,12 @@ def _study(tmp_path, text=LIMITED):
 
 
 def test_near_a_time_limit_a_worker_stacks_only_what_finishes(tmp_path):
-    """A stack of n trials of 100 steps is taken when 30 s of start-up + 1.5 x 100 n steps at the measured pace
+    """A stack of n trials of 100 steps is taken when 40 s of start-up + 1.2 x 100 n steps at the measured pace
     fit in the time left: at 10 trial-steps/s (measured on one trial) and 70 s left two of a grid point's three
-    learning rates do (60 s), three (75 s) do not; with 20 s left, less than a start-up, nothing does."""
+    learning rates do (64 s), three (76 s) do not; with 20 s left, less than a start-up, nothing does."""
     from sandbox.sweep import packing
     from sandbox.sweep.worker import _Worker
-    assert (packing.STARTUP_S, packing.SAFETY) == (30.0, 1.5)      # the numbers the counts below assume
+    assert (packing.STARTUP_S, packing.SAFETY) == (40.0, 1.2)      # the numbers the counts below assume
     study = _study(tmp_path)
     w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
     first = study.get_trials()[0]                                   # the queue's head: grid point d_model 16
@@ -149,36 +149,36 @@ def test_near_a_time_limit_a_worker_stacks_only_what_finishes(tmp_path):
     # nor of its family, so it takes d_model 16's over the ratio of widths, 5 trial-steps/s
     packing.record_pace(tmp_path / "out", {key: (family, 10.0, 300, 1)})
     late = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
-    assert len(late.claim()) == 1            # 30 + 1.5 x 100 / 5 = 60 s fits in 70; the one trial left
+    assert len(late.claim()) == 1            # 40 + 1.2 x 100 / 5 = 64 s fits in 70; the one trial left
 
 
 def test_a_pace_measured_on_a_stack_does_not_make_a_lone_trial_look_faster(tmp_path):
     """A stack of 3 that trained 30 trial-steps/s stepped 10 times a second. A lone trial of its kind is sized
-    at those 10 steps/s, not at 30: 30 + 1.5 x 100 / 10 = 45 s, so with 40 s left it is not started (at 30 it
-    would have looked like 35 s). A group larger than the measured one takes its 30 trial-steps/s."""
+    at those 10 steps/s, not at 30: 40 + 1.2 x 100 / 10 = 52 s, so with 50 s left it is not started (at 30 it
+    would have looked like 44 s). A group larger than the measured one takes its 30 trial-steps/s."""
     from sandbox.sweep import packing
-    assert packing.fits(100, 1, (30.0, 3), 45.0) and not packing.fits(100, 1, (30.0, 3), 44.0)
-    assert packing.fits(300, 3, (30.0, 3), 45.0) and not packing.fits(600, 6, (30.0, 3), 59.0)
-    assert packing.fits(600, 6, (30.0, 3), 60.0)
+    assert packing.fits(100, 1, (30.0, 3), 52.0) and not packing.fits(100, 1, (30.0, 3), 51.0)
+    assert packing.fits(300, 3, (30.0, 3), 52.0) and not packing.fits(600, 6, (30.0, 3), 63.0)
+    assert packing.fits(600, 6, (30.0, 3), 64.0)
     from sandbox.sweep.worker import _Worker
     study = _study(tmp_path)
-    w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 40)
+    w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 50)
     w.paces = {k: (f, 30.0, 300, 3) for k, f, _ in map(w._kind, study.get_trials())}   # both grid points
     assert w.claim() == [] and w.out_of_time
 
 
 def test_a_fresh_worker_sizes_its_claims_from_the_groups_the_sweep_finished_before(tmp_path):
     """A new launch (a fresh machine) has no records of its own: the completed trials' groups give the pace.
-    The d_model 16 point's three trials finished as a stack of 3 x 100 steps in 30 s (10 trial-steps/s, 3.3
-    steps/s). Its kind is then known; the d_model 32 point's is not, so it is sized at half of that (d_model
-    16's pace over the ratio of widths): a group of up to three steps at 1.7 steps/s, 30 + 1.5 x 100 / (5 / 3)
-    = 120 s. With 70 s left none fits, and one trial is trained alone to measure the kind; with 130 s a
-    worker takes the rest of the point."""
+    The d_model 16 point's three trials finished as a stack of 3 x 100 steps in 45 s, 15 of them its start-up
+    (so 10 trial-steps/s of training, 3.3 steps/s). Its kind is then known; the d_model 32 point's is not, so
+    it is sized at half of that (d_model 16's pace over the ratio of widths): a group of up to three steps at
+    1.7 steps/s, 40 + 1.2 x 100 / (5 / 3) = 112 s. With 70 s left none fits, and one trial is trained alone to
+    measure the kind; with 130 s a worker takes the rest of the point (40 + 1.2 x 200 / (20 / 3) = 76 s)."""
     from sandbox.sweep.worker import _Worker
     study = _study(tmp_path)
     w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3)
     for n in w.claim():
-        study.set_trial_attr(n, "result", {"steps": 100, "replicas": 3, "wall_time_s": 30.0})
+        study.set_trial_attr(n, "result", {"steps": 100, "replicas": 3, "wall_time_s": 45.0, "setup_s": 15.0})
         study.tell(n, 0.5)
     tight = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
     done = study.get_trials()[0]
@@ -210,6 +210,29 @@ def test_the_longest_group_of_a_kind_gives_its_pace_the_latest_among_equals(tmp_
     assert w._paces() == {key: (family, 1.0, 1)}
 
 
+def test_a_group_of_a_kind_the_worker_trained_is_charged_a_short_start_up(tmp_path):
+    """A worker measures its group's training without the start-up: 100 steps in 25 s of which 15 set up is
+    10 trial-steps/s. Its next group of the same kind starts in 20 s (the kind is compiled in the process),
+    not 40: with 50 s left two trials fit (20 + 1.2 x 200 / 10 = 44 s) where a worker that never trained the
+    kind takes none (40 + 1.2 x 100 / 10 = 52 s)."""
+    from sandbox.sweep.spec import build_config
+    from sandbox.sweep.worker import _Worker, _values
+    study = _study(tmp_path)
+    w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3)
+    first = study.get_trials()[0]                                       # d_model 16
+    w._measure_pace([build_config(w.spec["base"], _values(first))], [100], [{"steps": 100, "setup_s": 15.0}], 25.0)
+    key, family, _ = w._kind(first)
+    assert w.paces == {key: (family, 10.0, 100, 1)}
+    key32, family32, _ = w._kind(study.get_trials()[3])                # d_model 32, measured at the same pace
+    w.paces[key32] = (family32, 10.0, 100, 1)
+    other = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 50)
+    other.paces = dict(w.paces)
+    assert other.claim() == [] and other.out_of_time
+    w.until = time.time() + 50
+    group = w.claim()
+    assert len(group) == 2 and all(w._kind(study.trial_by_number(n))[0] == key for n in group)
+
+
 def test_a_kind_guessed_too_slow_for_the_limit_is_measured_alone_at_a_launchs_start(tmp_path):
     """A kind with no pace of its own is sized by a guess. Where nothing fits at a launch's start, a worker
     trains one trial of such a kind alone (and measures it) instead of leaving it queued for ever; a kind
@@ -220,7 +243,7 @@ def test_a_kind_guessed_too_slow_for_the_limit_is_measured_alone_at_a_launchs_st
     small, big = study.get_trials()[0], study.get_trials()[3]                 # d_model 16, d_model 32
     key16, fam16, _ = w._kind(small)
     assert w._kind(big)[0] != key16
-    w.paces = {key16: (fam16, 1.0, 100, 1)}       # d_model 16: 30 + 1.5 x 100 / 1 = 180 s; d_model 32 guessed at 0.5
+    w.paces = {key16: (fam16, 1.0, 100, 1)}       # d_model 16: 40 + 1.2 x 100 / 1 = 160 s; d_model 32 guessed at 0.5
     group = w.claim()
     assert [study.trial_by_number(n).params["model.d_model"] for n in group] == [big.params["model.d_model"]]
     assert w.claim() == [] and w.out_of_time             # one probe; a worker that has worked does not probe

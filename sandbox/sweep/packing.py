@@ -16,9 +16,10 @@ results/sweep_packing/README.md). So:
   Without MPS it never packs processes.
 
 With a time limit (``sandbox sweep --time-limit``) a worker sizes what it takes to what finishes before
-the limit (``fits``), from the pace measured for that kind of stack (``pace_for``): in this launch, or
-from the trials the sweep finished before (their groups' wall time), so that a fresh machine does not
-start blind. A pace is measured on a group of some number of replicas: a larger group is taken to train as
+the limit (``fits``): a start-up, shorter for a kind the worker process trained before, then training at
+the pace measured for that kind of stack (``pace_for``, ``training_pace``): in this launch, or from the
+trials the sweep finished before (their groups' wall time less their start-up), so that a fresh machine
+does not start blind. A pace is measured on a group of some number of replicas: a larger group is taken to train as
 many trial-steps per second, a smaller one as many steps per second (``fits``). Near the end it stacks fewer
 trials where that finishes sooner, then none, instead of starting stacks that the limit would cut off (where
 the machine goes away at the limit, their checkpoints go with it). Under a limit the
@@ -43,10 +44,11 @@ START_WORKERS_PER_GPU = 2     # under MPS
 MAX_WORKERS_PER_GPU = 4
 IDLE_BELOW = 60.0             # % utilisation (nvidia-smi) under which a GPU counts as underfilled
 WINDOW_S = 30.0               # seconds of samples a decision looks at
-# sizing work to a time limit: guesses on the safe side, from the Figure 8 sweep's start-ups, and a small
-# stack near the end may not compile and train at half the compiled pace
-STARTUP_S = 30.0              # seconds a group spends before its first step, at most
-SAFETY = 1.5                  # a group may train this much slower than the pace measured before it
+# sizing work to a time limit, from Figure 8's MetaLA stacks on H200s (results/sweep_packing/README.md): a
+# group's start-up is charged apart from its training, which is paced without any start-up
+STARTUP_S = 40.0              # a kind's first group in a worker process: 35-37 s measured (compiling cold)
+WARM_STARTUP_S = 20.0         # a later group of a kind the process trained: 0.3-17 s measured (new replica count)
+SAFETY = 1.2                  # a group may train this much slower than the pace measured before it
 UNKNOWN_SLOWER = 2.0          # a kind of stack never measured is taken as this much slower than the slowest
 EXIT_TIME_LIMIT = 76          # a worker's exit code: trials are waiting, but none finishes before the limit
 EXIT_MEMORY = 77              # a worker's exit code: out of GPU memory that other workers held; run one fewer
@@ -172,20 +174,31 @@ def release_gpu_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def fits(trial_steps: int, trials: int, pace: tuple[float, int] | None, seconds_left: float) -> bool:
-    """Whether a group of ``trials`` and ``trial_steps`` (summed over them) finishes in ``seconds_left`` at
-    ``pace``, (trial-steps/s, replicas of the group it was measured on); None: nothing measured yet, so only
-    the start-up is checked. A stack never trains fewer trial-steps per second than a smaller one of its kind,
-    nor steps more slowly than a larger one: so a group larger than the measured one takes at most its pace,
-    and a smaller one at most its steps per second. A small model's stack of 9 trains at nearly the steps
-    per second of one trial (results/sweep_packing/README.md): a stack's pace taken as one trial's had a
-    lone trial look nine times faster than it is."""
-    if seconds_left < STARTUP_S:
+def fits(trial_steps: int, trials: int, pace: tuple[float, int] | None, seconds_left: float,
+         startup_s: float = STARTUP_S) -> bool:
+    """Whether a group of ``trials`` and ``trial_steps`` (summed over them) starts in ``startup_s`` and then
+    trains in the rest of ``seconds_left`` at ``pace``, (trial-steps/s of training, replicas of the group it was
+    measured on); None: nothing measured yet, so only the start-up is checked. A stack never trains fewer
+    trial-steps per second than a smaller one of its kind, nor steps more slowly than a larger one: so a group
+    larger than the measured one takes at most its pace, and a smaller one at most its steps per second. A small
+    model's stack of 9 trains at nearly the steps per second of one trial (results/sweep_packing/README.md): a
+    stack's pace taken as one trial's had a lone trial look nine times faster than it is."""
+    if seconds_left < startup_s:
         return False
     if pace is None:
         return True
     rate, replicas = pace
-    return STARTUP_S + SAFETY * trial_steps / (rate * min(1.0, trials / replicas)) <= seconds_left
+    return startup_s + SAFETY * trial_steps / (rate * min(1.0, trials / replicas)) <= seconds_left
+
+
+def training_pace(trial_steps: float, wall_s: float, setup_s: float | None) -> float | None:
+    """Trial-steps per second of a group's training: its wall time without its start-up (``setup_s``, building,
+    compiling and capturing), which ``fits`` charges apart. A pace with the start-up in it sized a stack of 12
+    at 138 s where it trained in 69-74 s (results/sweep_packing/README.md). None where nothing was trained."""
+    seconds = wall_s - (setup_s or 0.0)
+    if trial_steps <= 0 or seconds <= 0:
+        return None
+    return trial_steps / seconds
 
 
 def pace_for(key: str, family: str, paces: dict[str, tuple[str, float, int]]) -> tuple[float, int] | None:

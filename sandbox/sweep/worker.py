@@ -57,6 +57,7 @@ class _Worker:
         self.points = points                # the point ids this launch trains (None: any waiting trial)
         # stack key -> (family, trial-steps/s, trial-steps, replicas) of the longest group of it this worker trained
         self.paces: dict[str, tuple[str, float, float, int]] = {}
+        self.trained_kinds: set[str] = set()    # stack keys this process compiled: their next start-up is short
         self.out_of_time = False
         self.claimed = False                # whether this worker took any work in this launch
         self._keys: dict[int, tuple[str | None, int | None]] = {}      # number -> (stack key, steps left)
@@ -128,13 +129,14 @@ class _Worker:
         def fits(t, used, trials):
             key, family, _ = self._kind(t)
             pace = packing.pace_for(key, family, paces) if key is not None else None
-            return packing.fits(used + (self._steps_left(t) or 0), trials, pace, left)  # invalid: fails at once
+            startup = packing.WARM_STARTUP_S if key in self.trained_kinds else packing.STARTUP_S
+            return packing.fits(used + (self._steps_left(t) or 0), trials, pace, left, startup)  # invalid: fails
         return fits
 
     def _paces(self) -> dict[str, tuple[str, float, int]]:
         """Paces by stack key, from the group that trained the most trial-steps of it, the latest among
         equals: the groups the sweep completed before (a completed trial's steps x replicas over its group's
-        wall time), then this launch's (its workers' records, the slowest worker's where several trained a
+        wall time less its start-up), then this launch's (its workers' records, the slowest worker's where several trained a
         kind). The longest group is the measure least swayed by start-up: a trial that stopped early spent
         most of its wall time starting and on uncompiled steps, at half its kind's pace, and sized by it no
         later trial of the kind fitted the limit. The latest among equals, as the code and the runner change
@@ -147,11 +149,11 @@ class _Worker:
             try:
                 replicas = int(res.get("replicas") or 1)
                 trained = float(res["steps"]) * replicas
-                rate = trained / float(res["wall_time_s"])
-            except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                rate = packing.training_pace(trained, float(res["wall_time_s"]), res.get("setup_s"))
+            except (KeyError, TypeError, ValueError):
                 continue
             key, family, _ = self._kind(t)
-            if key is not None and trained >= best.get(key, (0.0,))[0]:
+            if key is not None and rate is not None and trained >= best.get(key, (0.0,))[0]:
                 best[key] = (trained, family, rate, replicas)
         for key, (family, rate, trained, replicas) in {**packing.known_paces(self.dir), **self.paces}.items():
             if trained >= best.get(key, (0.0,))[0]:
@@ -415,14 +417,17 @@ class _Worker:
         return None
 
     def _measure_pace(self, configs, left, results, wall: float) -> None:
-        """Trial-steps per second over the group just trained, start-up included (what sizes later claims of
-        its kind of stack), kept where the group trained at least as many trial-steps as this worker's
+        """Trial-steps per second over the group just trained, its start-up left out (what sizes later claims
+        of its kind of stack), kept where the group trained at least as many trial-steps as this worker's
         longest of the kind before."""
         trained = sum(max(0, n - (c.train.steps - res["steps"])) for c, n, res in zip(configs, left, results)
                       if res is not None and res.get("steps") is not None)
+        setup = max((res.get("setup_s") or 0.0 for res in results if res is not None), default=0.0)
         key, family = _kind_of(configs[0])
-        if trained and wall > 0 and trained >= self.paces.get(key, ("", 0.0, 0.0, 1))[2]:   # the longest group
-            self.paces[key] = (family, trained / wall, trained, len(configs))
+        self.trained_kinds.add(key)
+        rate = packing.training_pace(trained, wall, setup)
+        if rate is not None and trained >= self.paces.get(key, ("", 0.0, 0.0, 1))[2]:   # the longest group
+            self.paces[key] = (family, rate, trained, len(configs))
             packing.record_pace(self.dir, self.paces)
 
 
