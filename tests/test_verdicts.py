@@ -94,6 +94,30 @@ def test_reruns_of_one_protocol_pool_as_more_seeds_and_other_sweeps_are_refused(
         Table(first, other)
 
 
+def test_an_undecided_comparison_says_what_its_deciding_seeds_cost(tmp_path):
+    """Each trial's GPU share is its wall time over the replicas stacked with it: a seed whose 2 finished trials
+    took 120 s in stacks of 4 costs 60 GPU-seconds, and the seeds that would decide a comparison cost that for
+    each seed a cell lacks. A run with no recorded times prints no cost."""
+    from sandbox.analysis import stats
+    from sandbox.analysis.verdicts.claims import Claim, greater
+    d = write_rows(tmp_path / "timed", "sla_heads", [(sla("gla", 4), bimodal(2, 4)), (sla("sla", 4), bimodal(1, 4))])
+    rows = list(csv.DictReader(open(d / "results.csv")))
+    with open(d / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, [*rows[0], "wall_time_s", "replicas"])
+        w.writeheader()
+        w.writerows({**r, "wall_time_s": 120.0, "replicas": 4} for r in rows)
+    t = Table(d)
+    a, b = t.cell(**sla("gla", 4)), t.cell(**sla("sla", 4))
+    assert a.gpu_s_per_seed == pytest.approx(60.0) and b.gpu_s_per_seed == pytest.approx(60.0)
+    claim = Claim("gain")
+    claim.compare("gla over sla", a, b, greater(0.05, 0.3))
+    assert claim.verdict() == "inconclusive"
+    k = stats.seeds_to_decide(claim.items[0].effect, claim.items[0].rule)
+    assert k > 4 and f"about {2 * (k - 4) * 60 / 60:.0f} GPU-minutes more" in claim.markdown()
+    untimed = Table(write_rows(tmp_path / "untimed", "sla_heads", [(sla("gla", 4), bimodal(2, 4))]))
+    assert untimed.cell(**sla("gla", 4)).gpu_s_per_seed is None
+
+
 # ---- how a sweep directory finds its figure -------------------------------------------------------------------------
 
 def fig8(topk, dense, d=128):

@@ -39,10 +39,13 @@ CONTROL_LEVEL = 0.99
 
 @dataclass
 class Cell:
-    """One value per seed (``values[i]`` of ``seeds[i]``) and how the learning rate and step were chosen."""
+    """One value per seed (``values[i]`` of ``seeds[i]``), how the learning rate and step were chosen, and what a
+    seed of it cost: the GPU-seconds of its finished trials (every learning rate), each trial's wall time over the
+    replicas it was stacked with (None: its runs recorded no times)."""
     values: list[float]
     seeds: list[int]
     selected_on: str = "val"      # "val", or "test" for runs that predate the validation split
+    gpu_s_per_seed: float | None = None
 
     @property
     def n(self) -> int:
@@ -126,7 +129,17 @@ class Table:
         seeds = sorted(chosen)
         picks = [_selection(chosen[s]) for s in seeds]
         on = "val" if all(p[2] == "val" for p in picks) else "test"
-        return Cell([p[1] for p in picks], seeds, on)
+        return Cell([p[1] for p in picks], seeds, on, _gpu_s_per_seed(self.rows_where(**where)))
+
+
+def _gpu_s_per_seed(rows: list[dict]) -> float | None:
+    """The GPU-seconds the (finished) rows' trials took per seed: each trial's wall time over its stack's replicas (they shared
+    one GPU for that time), summed, over the seeds they ran. None where no trial recorded its wall time."""
+    spent = [(_number(r.get("wall_time_s")), _number(r.get("replicas")) or 1.0) for r in rows]
+    spent = [wall / max(1.0, replicas) for wall, replicas in spent if wall is not None]
+    if not spent:
+        return None
+    return sum(spent) / len({int(r.get("seed") or 0) for r in rows})
 
 
 def _selection(row: dict) -> tuple[float | None, float | None, str]:
@@ -176,6 +189,9 @@ class Item:
              self.labels[1] if self.b is not None else f"{self.labels[1]} not run")
         return a, b
 
+    def cells(self) -> list[Cell]:
+        return [c for c in (self.a, self.b) if isinstance(c, Cell)]
+
     def bounds(self) -> tuple[float, float]:
         """The range the effect can take (a difference of accuracies lies in [-1, 1])."""
         return (-1.0, 1.0) if isinstance(self.b, Cell) else (-math.inf, math.inf)
@@ -206,6 +222,9 @@ class Contrast:
             return "; ".join(f"{label} {c.text() if c else 'not run'}"
                              for (s, c), label in zip(self.terms, self.labels) if s == sign)
         return side(1), side(-1)
+
+    def cells(self) -> list[Cell]:
+        return [c for _, c in self.terms if c is not None]
 
     def bounds(self) -> tuple[float, float]:
         signs = [s for s, _ in self.terms]
@@ -270,7 +289,8 @@ class Claim:
             lines.append(f"| {item.name} | {a} | {b} | {stats.n_text(e)} | {stats.effect_text(e, item.bounds())} "
                          f"| {sup} | {outcome} |")
             if outcome == OPEN:
-                undecided.append(f"{item.name}: {stats.seeds_text(e, item.rule, len(self.items))}")
+                undecided.append(f"{item.name}: {stats.seeds_text(e, item.rule, len(self.items))}"
+                                 + _cost_text(item.cells(), stats.seeds_to_decide(e, item.rule, len(self.items))))
         if undecided:
             lines += ["", "Inconclusive: " + "; ".join(undecided) + "."]
         return "\n".join(lines)
@@ -289,6 +309,14 @@ class Claim:
             lines.append(f"| {name} | {rule_cell} | {rule.planned_effect():+.2f} | {sd} | "
                          f"{n if n is not None else 'more than %d, or the expected effect cannot hold' % stats.MAX_SEEDS} |")
         return "\n".join(lines)
+
+
+def _cost_text(cells: list[Cell], seeds: int | None) -> str:
+    """What the seeds that would decide a comparison cost more, at its cells' measured GPU-seconds per seed."""
+    if seeds is None or any(c.gpu_s_per_seed is None for c in cells):
+        return ""
+    more = sum(max(0, seeds - c.n) * c.gpu_s_per_seed for c in cells)
+    return f", about {more / 60:.0f} GPU-minutes more at its cells' measured cost" if more > 0 else ""
 
 
 @dataclass
@@ -317,4 +345,6 @@ class Control:
 FOOTNOTE = ("Cells: each seed's test accuracy at the learning rate and step chosen on the validation split, as mean "
             "[95% t interval, clipped to 0-1]; * marks cells of runs from before the validation split, where both "
             "were chosen on test. Effects: mean(a) - mean(b) (or - a fixed level) with Welch's 95% interval, seeds' "
-            f"spreads taken as at least {stats.SD_FLOOR}. P(a > b): the share of seed pairs where a's seed is higher.")
+            f"spreads taken as at least {stats.SD_FLOOR}. P(a > b): the share of seed pairs where a's seed is higher. "
+            "GPU-minutes more: the seeds a cell lacks, times what a seed of it took (its trials' wall time over the "
+            "replicas stacked with each, on the GPUs its runs had).")
