@@ -233,6 +233,43 @@ def test_a_group_of_a_kind_the_worker_trained_is_charged_a_short_start_up(tmp_pa
     assert len(group) == 2 and all(w._kind(study.trial_by_number(n))[0] == key for n in group)
 
 
+def test_a_trial_longer_than_a_whole_launch_trains_to_the_limit_and_the_next_launch_resumes_it(tmp_path):
+    """In launches of 100 s, d_model 16's trials (100 steps at 1 trial-step/s: 40 + 1.2 x 100 = 160 s) can never
+    finish, so once nothing fits they are trained anyway, stacked, for the limit to stop with checkpoints;
+    d_model 32's (at 2.5: 88 s) would fit a whole launch and wait for one when 85 s are left. With less than two
+    start-ups left nothing is taken. An interrupted run's training rate (its result.json) paces its kind in the
+    next launch, which takes the run in hand first."""
+    import json
+
+    from sandbox.sweep.study import requeue
+    from sandbox.sweep.worker import _Worker
+    study = _study(tmp_path)
+    trials = study.get_trials()
+    (key16, fam16, _), (key32, fam32, _) = (_Worker(tmp_path / "out", study, os.getpid(), None)._kind(trials[i])
+                                            for i in (0, 3))
+    paces = {key16: (fam16, 1.0, 100, 1), key32: (fam32, 2.5, 100, 1)}
+    w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 100)
+    w.paces, w.until = dict(paces), time.time() + 85
+    group = w.claim()
+    assert [w._kind(study.trial_by_number(n))[0] for n in group] == [key16] * 3
+    late = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 100)
+    late.paces, late.until = dict(paces), time.time() + 70
+    assert late.claim() == [] and late.out_of_time
+    # the limit stopped the first of them at step 40 with a checkpoint, training at 0.5 steps/s
+    run = tmp_path / "out" / "trials" / "t0"
+    run.mkdir(parents=True)
+    (run / "checkpoint.pt").write_bytes(b"")
+    (run / "result.json").write_text(json.dumps({"status": "interrupted", "steps": 40, "steps_per_sec": 0.5,
+                                                 "replicas": 1}))
+    study.set_trial_attr(group[0], "run_dir", "trials/t0")
+    again = requeue(study, study.trial_by_number(group[0]), "time limit", count=False)
+    study.set_trial_attr(again, "run_dir", "trials/t0")
+    nxt = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 100)
+    nxt.paces, nxt.until = {key32: paces[key32]}, time.time() + 85
+    assert nxt._paces()[key16] == (fam16, 0.5, 1)
+    assert nxt.claim() == [again]                  # 60 steps left at 0.5: 40 + 1.2 x 120 = 184 s, longer than 100
+
+
 def test_a_kind_guessed_too_slow_for_the_limit_is_measured_alone_at_a_launchs_start(tmp_path):
     """A kind with no pace of its own is sized by a guess. Where nothing fits at a launch's start, a worker
     trains one trial of such a kind alone (and measures it) instead of leaving it queued for ever; a kind

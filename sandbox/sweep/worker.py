@@ -16,7 +16,9 @@ it, a stack is retried in halves. Between groups a worker hands its cached GPU m
 With ``--until`` (a time limit) it only takes trials that finish before it at the pace measured for their
 kind of stack (``packing.fits``, ``packing.pace_for``; stacks shrink near the end), and exits with
 ``EXIT_TIME_LIMIT`` when none does. Where nothing fits before it has taken any work, it trains one trial
-of a kind with no pace of its own alone: that kind's size was a guess, and the run measures it.
+of a kind with no pace of its own alone: that kind's size was a guess, and the run measures it. A trial
+longer than a whole launch of this length is trained anyway once nothing else fits: the limit stops it
+with a checkpoint, and each later launch takes it further.
 
 A diverging, out-of-memory or raising trial is recorded as failed with its reason and
 the worker goes on. SIGINT/SIGTERM (or the launcher dying) interrupts the running
@@ -54,6 +56,7 @@ class _Worker:
         self.training = False
         self.stop = False
         self.until = until                  # epoch seconds by which claimed work must be done (None: no limit)
+        self.span = None if until is None else until - time.time()      # the whole launch's time, about
         self.points = points                # the point ids this launch trains (None: any waiting trial)
         # stack key -> (family, trial-steps/s, trial-steps, replicas) of the longest group of it this worker trained
         self.paces: dict[str, tuple[str, float, float, int]] = {}
@@ -102,6 +105,15 @@ class _Worker:
             if first is not None:
                 self.claimed = True
                 return [first]
+        joins = fits
+        if first is None and self.until is not None:
+            # a trial that no launch of this length could finish would stay queued for ever: train it until the
+            # limit stops it with a checkpoint, and the next launch resumes it (those in hand first)
+            longer = self._longer_than_a_launch()
+            first = self._claim_one(lambda t: self._resumes(t) and longer(t, 0, 1))
+            if first is None:
+                first = self._claim_one(lambda t: longer(t, 0, 1))
+            joins = longer
         if first is None:
             self.out_of_time = self.until is not None and any(map(self._ours, trials_in(self.study,
                                                                                         (TrialState.WAITING,))))
@@ -111,7 +123,7 @@ class _Worker:
         group = [first]
         self.claimed = True
         while key is not None and len(group) < self.stack:
-            tid = self._claim_one(lambda t: self._stack_key(t) == key and fits(t, used, len(group) + 1))
+            tid = self._claim_one(lambda t: self._stack_key(t) == key and joins(t, used, len(group) + 1))
             if tid is None:
                 break
             group.append(tid)
@@ -133,11 +145,26 @@ class _Worker:
             return packing.fits(used + (self._steps_left(t) or 0), trials, pace, left, startup)  # invalid: fails
         return fits
 
+    def _longer_than_a_launch(self):
+        """``longer(trial, steps already claimed, trials with it)``: whether a group with the trial would not finish
+        within a whole launch of this one's length (``span``), at its kind's measured pace, while enough of this
+        launch is left to train it after a start-up. A kind with no pace of its own is never taken this way (its
+        size is a guess; the launch-start probe measures it)."""
+        left = self.until - time.time()
+        paces = self._paces()
+
+        def longer(t, used, trials):
+            key, family, _ = self._kind(t)
+            if key not in paces or left < 2 * packing.STARTUP_S:
+                return False
+            return not packing.fits(used + (self._steps_left(t) or 0), trials, paces[key][1:], self.span)
+        return longer
+
     def _paces(self) -> dict[str, tuple[str, float, int]]:
         """Paces by stack key, from the group that trained the most trial-steps of it, the latest among
         equals: the groups the sweep completed before (a completed trial's steps x replicas over its group's
-        wall time less its start-up), then this launch's (its workers' records, the slowest worker's where several trained a
-        kind). The longest group is the measure least swayed by start-up: a trial that stopped early spent
+        wall time less its start-up), the interrupted runs waiting to resume (their training rate), then this
+        launch's (its workers' records, the slowest worker's where several trained a kind). The longest group is the measure least swayed by start-up: a trial that stopped early spent
         most of its wall time starting and on uncompiled steps, at half its kind's pace, and sized by it no
         later trial of the kind fitted the limit. The latest among equals, as the code and the runner change
         between launches, and a kind's pace with them. Each pace: (family, trial-steps/s, replicas of the group)."""
@@ -154,6 +181,18 @@ class _Worker:
                 continue
             key, family, _ = self._kind(t)
             if key is not None and rate is not None and trained >= best.get(key, (0.0,))[0]:
+                best[key] = (trained, family, rate, replicas)
+        for t in trials_in(self.study, (TrialState.WAITING,)):
+            if not self._resumes(t):
+                continue
+            try:        # an interrupted run's training rate, start-ups left out, over all its launches
+                res = json.loads((self.dir / t.user_attrs["run_dir"] / "result.json").read_text())
+                replicas = int(res.get("replicas") or 1)
+                rate, trained = float(res["steps_per_sec"]) * replicas, float(res["steps"]) * replicas
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            key, family, _ = self._kind(t)
+            if key is not None and rate > 0 and trained >= best.get(key, (0.0,))[0]:
                 best[key] = (trained, family, rate, replicas)
         for key, (family, rate, trained, replicas) in {**packing.known_paces(self.dir), **self.paces}.items():
             if trained >= best.get(key, (0.0,))[0]:
