@@ -481,3 +481,32 @@ def test_a_claim_whose_rows_have_not_run_says_so_in_its_headline():
     for g in ("G 1", "G 2", "G 3"):
         full.compare(g, ran, ran, stats.greater(0.2))
     assert full.markdown().startswith("**beats**: does not hold\n")
+
+
+def test_the_budget_check_counts_trials_still_improving_and_rates_at_the_grids_ends(tmp_path):
+    """Three seeds x three rates of one mixer. Seed 0 learned at every rate, best at its last step (3000) at rate
+    8e-3, the grid's top: 3 trials still improving, one rate at an end. Seed 1 reached the early stop at step 1500
+    at 2e-3 (not improving, and its rate not counted: solved). Seed 2 stayed at chance (not counted at all)."""
+    from sandbox.analysis.verdicts.checks import budget_check
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "sweep.yaml").write_text(yaml.safe_dump({"name": "sla_heads", "base": {
+        "task": {"name": "mqar", "num_kv_pairs": 16}, "train": {"steps": 3000, "early_stop": 0.99}}}))
+    rows = []
+    for lr, acc in ((5e-4, 0.4), (2e-3, 0.5), (8e-3, 0.6)):
+        rows.append((0, lr, acc, acc, 3000, 3000))
+    for lr, (acc, step) in ((5e-4, (0.7, 3000)), (2e-3, (0.995, 1500)), (8e-3, (0.3, 2500))):
+        rows.append((1, lr, acc, acc, step, step if acc >= 0.99 else 3000))
+    for lr in (5e-4, 2e-3, 8e-3):
+        rows.append((2, lr, 0.0, 0.0, 3000, 3000))
+    with open(d / "results.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["trial", "status", "seed", "model.mixer", "train.lr", "best_val_accuracy", "test_at_best_val",
+                    "best_val_step", "steps"])
+        for n, (seed, lr, val, test, step, steps) in enumerate(rows):
+            w.writerow([n, "complete", seed, "gla", lr, val, test, step, steps])
+    text = budget_check(Table(d))
+    # learned: seed 0's three, seed 1's three; still improving at the end: seed 0's three and seed 1's 5e-4
+    assert "of the 6 trials" in text and "4 (67%) chose the last step" in text and "Most were still improving" in text
+    assert "chosen for 1 such seed short of the early stop, 1 lie at an end" in text
+    assert budget_check(Table(write_rows(tmp_path / "none", "sla_heads", [(sla("gla", 4), [0.0, 0.0])]))) is None
