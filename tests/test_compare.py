@@ -57,6 +57,16 @@ def test_a_variant_at_chance_is_warned_of_and_one_that_learned_is_not():
     assert "B better" in out["effect"]["verdict"]        # B learned and A did not: a difference, warned of
 
 
+def test_a_variant_whose_learned_seeds_were_still_improving_at_the_end_gets_a_note():
+    """B's two seeds that learned (the third sits at chance) chose their last step: 2 of 2, a note. A's three
+    learned, one still improving: 1 of 3, no note for A. Without the per-seed record there is no note at all."""
+    lines, _ = report([{"label": "a", "values": [0.9, 0.8, 0.85], "chance": CHANCE, "improving": [True, False, False]},
+                       {"label": "b", "values": [0.9, 0.26, 0.95], "chance": CHANCE, "improving": [True, True, True]}])
+    notes = [l for l in lines if l.startswith("note:")]
+    assert len(notes) == 1 and "B: 2 of 2 seeds that learned" in notes[0] and "A:" not in notes[0]
+    assert not [l for l in _report([0.9, 0.8, 0.85], [0.9, 0.26, 0.95])[0] if l.startswith("note:")]
+
+
 @pytest.mark.parametrize("mean,warned", [(CHANCE + 0.04, True), (CHANCE + 0.06, False)])
 def test_at_chance_means_within_the_margin_of_chance(mean, warned):
     lines, _ = _report([mean - 0.01, mean, mean + 0.01], [0.9, 0.92, 0.94])

@@ -194,11 +194,27 @@ def chance_warning(stuck: list[tuple[str, dict]], margin: float) -> str:
             f"how two mixers that learn differ. {fix}")
 
 
+def budget_note(learned: list[tuple[str, dict]], margin: float) -> str | None:
+    """A note where most seeds that learned something (``value`` at least ``margin`` above chance) were still improving
+    at their last step (``improving``): the effect is then one at this budget, and may change with more steps."""
+    parts = []
+    for tag, v in learned:
+        seeds = [i for i, x in enumerate(v["values"]) if x - v["chance"] >= margin and i < len(v.get("improving", []))]
+        still = sum(bool(v["improving"][i]) for i in seeds)
+        if seeds and 2 * still >= len(seeds):
+            parts.append(f"{tag}: {still} of {len(seeds)} seeds that learned")
+    if not parts:
+        return None
+    return (f"note: still improving at the last step ({'; '.join(parts)}): the effect is the one after this many "
+            f"steps and may change with more (--set train.steps=N).")
+
+
 def report(variants: list[dict], margin: float = 0.05, metric: str = "test_at_best_val") -> tuple[list[str], dict]:
     """The comparison of two variants' values, as lines to print and a summary to store.
 
     ``variants``: A and B, each a dict with ``label``, ``values`` (one per seed, in [0, 1]) and ``chance`` (the
-    task's chance level), and optionally ``statuses``, ``state_size`` and ``train_s`` (training seconds per run).
+    task's chance level), and optionally ``statuses``, ``state_size``, ``train_s`` (training seconds per run) and
+    ``improving`` (per seed: whether its chosen step was its last one, short of the early stop).
     The effect is mean(B) - mean(A); the verdict reads its 95% interval against ``stats.sides(margin)``."""
     if margin <= 0:
         raise ValueError(f"margin: must be > 0 (the smallest effect worth reporting), got {margin}")
@@ -221,6 +237,9 @@ def report(variants: list[dict], margin: float = 0.05, metric: str = "test_at_be
     stuck = [(tag, v) for tag, v in zip("AB", (a, b)) if v["at_chance"]]
     if stuck:
         lines.append(chance_warning(stuck, margin))
+    note = budget_note([(tag, v) for tag, v in zip("AB", (a, b)) if not v["at_chance"]], margin)
+    if note:
+        lines.append(note)
     e = stats.difference(b["values"], a["values"])
     rules = dict(zip(("B better", "A better", "no difference"), stats.sides(margin)))
     held = [name for name, rule in rules.items() if stats.decide(e, rule) == stats.HOLDS]
@@ -298,6 +317,7 @@ def compare(a: str, b: str, seeds: int = 5, task: str = "tiny", sets=(), set_a=(
         values.append({"label": label, "values": [_value(r, metric, s) for (s, _, _), r in zip(variant, mine)],
                        "chance": chance,
                        "statuses": [r["status"] for r in mine], "state_size": mine[0].get("state_size"),
+                       "improving": [_improving(r) for r in mine],
                        "train_s": phases["train"] / len(mine), "params": mine[0].get("params"),
                        "wall_time_s": round(seconds, 2), "phases": phases})
     lines, summary = report(values, margin, metric)
@@ -310,6 +330,12 @@ def compare(a: str, b: str, seeds: int = 5, task: str = "tiny", sets=(), set_a=(
     (root / "compare.json").parent.mkdir(parents=True, exist_ok=True)
     (root / "compare.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _improving(result: dict) -> bool:
+    """Whether a run chose its last step (on val) without reaching the early stop: it was still improving."""
+    step = result.get("best_val_step")
+    return result.get("status") == "completed" and step is not None and step == result.get("steps")
 
 
 def _value(result: dict, metric: str, seed) -> float:
