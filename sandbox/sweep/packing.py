@@ -19,8 +19,8 @@ With a time limit (``sandbox sweep --time-limit``) a worker sizes what it takes 
 the limit (``fits``): a start-up, shorter for a kind the worker process trained before, then training at
 the pace measured for that kind of stack (``pace_for``, ``training_pace``): in this launch, or from the
 trials the sweep finished before (their groups' wall time less their start-up), so that a fresh machine
-does not start blind. A pace is measured on a group of some number of replicas: a larger group is taken to train as
-many trial-steps per second, a smaller one as many steps per second (``fits``). Near the end it stacks fewer
+does not start blind. A pace is measured on a group of some number of replicas: a larger group is taken to
+train as many trial-steps per second, a smaller one as many steps per second (``fits``). Near the end it stacks fewer
 trials where that finishes sooner, then none, instead of starting stacks that the limit would cut off (where
 the machine goes away at the limit, their checkpoints go with it). Under a limit the
 launcher runs one worker per GPU unless told otherwise: another one sharing the GPU would slow the stacks

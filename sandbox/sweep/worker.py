@@ -161,13 +161,14 @@ class _Worker:
         return longer
 
     def _paces(self) -> dict[str, tuple[str, float, int]]:
-        """Paces by stack key, from the group that trained the most trial-steps of it, the latest among
-        equals: the groups the sweep completed before (a completed trial's steps x replicas over its group's
-        wall time less its start-up), the interrupted runs waiting to resume (their training rate), then this
-        launch's (its workers' records, the slowest worker's where several trained a kind). The longest group is the measure least swayed by start-up: a trial that stopped early spent
-        most of its wall time starting and on uncompiled steps, at half its kind's pace, and sized by it no
-        later trial of the kind fitted the limit. The latest among equals, as the code and the runner change
-        between launches, and a kind's pace with them. Each pace: (family, trial-steps/s, replicas of the group)."""
+        """Paces by stack key, from the group that trained the most trial-steps of it, the latest among equals: the
+        groups the sweep completed before (a completed trial's steps x replicas over its group's wall time less
+        its start-up), the interrupted runs waiting to resume (their training rate), then this launch's (its
+        workers' records, the slowest worker's where several trained a kind). The longest group is the measure
+        least swayed by start-up: a trial that stopped early spent most of its wall time starting and on
+        uncompiled steps, at half its kind's pace, and sized by it no later trial of the kind fitted the limit.
+        The latest among equals, as the code and the runner change between launches, and a kind's pace with them.
+        Each pace: (family, trial-steps/s, replicas of the group)."""
         from optuna.trial import TrialState
         best: dict[str, tuple[float, str, float, int]] = {}       # key -> (trial-steps, family, pace, replicas)
         done = [t for t in trials_in(self.study, (TrialState.COMPLETE,)) if t.datetime_complete is not None]

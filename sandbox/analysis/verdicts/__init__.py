@@ -124,10 +124,9 @@ def judge(*sweep_dirs, figure=None) -> tuple[Control | None, list[Claim]]:
 
 def report(*paths, figure=None, plan: bool = False, power: float = 0.8) -> str:
     """What ``sandbox verdict`` prints: per protocol (a figure folder's runs pool where they are runs of one protocol,
-    ``protocols``, and are judged apart otherwise), the control
-    the recipe's budget check (``checks.py``) and each claim with its rule, cells, effects, intervals and verdict;
-    with ``plan``, the seeds each comparison
-    needs at ``power`` from the run's spreads as a pilot."""
+    ``protocols``, and are judged apart otherwise), the control, the recipe's budget check (``checks.py``) and each
+    claim with its rule, cells, effects, intervals and verdict; with ``plan``, the seeds each comparison needs at
+    ``power`` from the run's spreads as a pilot."""
     runs = runs_of(paths[0]) if len(paths) == 1 else [Path(p) for p in paths]
     groups = protocols(runs) if len(paths) == 1 and len(runs) > 1 else [runs]
     out = []
@@ -141,7 +140,8 @@ def report(*paths, figure=None, plan: bool = False, power: float = 0.8) -> str:
                          "can spread), at the level Holm tests a claim's first item.")
         else:
             check = budget_check(Table(*group))
-            parts += ([control.markdown()] if control else []) + ([check] if check else []) + [c.markdown() for c in claims]
+            parts += [x for x in (control.markdown() if control else None, check) if x]
+            parts += [c.markdown() for c in claims]
             parts.append(FOOTNOTE)
         out.append("\n\n".join(parts))
     return "\n\n".join(out)

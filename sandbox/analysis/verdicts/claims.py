@@ -133,8 +133,8 @@ class Table:
 
 
 def _gpu_s_per_seed(rows: list[dict]) -> float | None:
-    """The GPU-seconds the (finished) rows' trials took per seed: each trial's wall time over its stack's replicas (they shared
-    one GPU for that time), summed, over the seeds they ran. None where no trial recorded its wall time."""
+    """The GPU-seconds the (finished) rows' trials took per seed: each trial's wall time over its stack's replicas
+    (they shared one GPU for that time), summed, over the seeds they ran. None where no trial recorded its time."""
     spent = [(_number(r.get("wall_time_s")), _number(r.get("replicas")) or 1.0) for r in rows]
     spent = [wall / max(1.0, replicas) for wall, replicas in spent if wall is not None]
     if not spent:
