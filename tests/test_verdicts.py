@@ -97,7 +97,7 @@ def test_reruns_of_one_protocol_pool_as_more_seeds_and_other_sweeps_are_refused(
 def test_an_undecided_comparison_says_what_its_deciding_seeds_cost(tmp_path):
     """Each trial's GPU share is its wall time over the replicas stacked with it: a seed whose 2 finished trials
     took 120 s in stacks of 4 costs 60 GPU-seconds, and the seeds that would decide a comparison cost that for
-    each seed a cell lacks. A run with no recorded times prints no cost."""
+    each seed a cell lacks; a plan, for all its seeds in every cell. A run with no recorded times prints no cost."""
     from sandbox.analysis import stats
     from sandbox.analysis.verdicts.claims import Claim, greater
     d = write_rows(tmp_path / "timed", "sla_heads", [(sla("gla", 4), bimodal(2, 4)), (sla("sla", 4), bimodal(1, 4))])
@@ -114,6 +114,8 @@ def test_an_undecided_comparison_says_what_its_deciding_seeds_cost(tmp_path):
     assert claim.verdict() == "inconclusive"
     k = stats.seeds_to_decide(claim.items[0].effect, claim.items[0].rule)
     assert k > 4 and f"about {2 * (k - 4) * 60 / 60:.0f} GPU-minutes more" in claim.markdown()
+    planned = stats.seeds_for_power(claim.items[0].sds(), claim.items[0].rule, 0.8, 1)
+    assert f"| {planned} | {planned * 2 * 60 / 60:.0f} |" in claim.plan_markdown()      # a whole run of them
     untimed = Table(write_rows(tmp_path / "untimed", "sla_heads", [(sla("gla", 4), bimodal(2, 4))]))
     assert untimed.cell(**sla("gla", 4)).gpu_s_per_seed is None
 

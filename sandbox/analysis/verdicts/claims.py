@@ -302,13 +302,21 @@ class Claim:
 
     def plan_markdown(self, power: float = 0.8) -> str:
         lines = [f"**{self.name}**", "", f"| item | rule | expected effect | pilot sd | seeds per cell ({power:.0%} "
-                 "power) |", "|---|---|---|---|---|"]
-        for name, rule, sds, n in self.plan(power):
+                 "power) | GPU-minutes |", "|---|---|---|---|---|---|"]
+        for item, (name, rule, sds, n) in zip(self.items, self.plan(power)):
             sd = " / ".join("unknown" if not s == s else f"{s:.3f}" for s in sds)
             rule_cell = rule.text().replace("|", "\\|")          # an equivalence's |effect| inside a table
             lines.append(f"| {name} | {rule_cell} | {rule.planned_effect():+.2f} | {sd} | "
-                         f"{n if n is not None else 'more than %d, or the expected effect cannot hold' % stats.MAX_SEEDS} |")
+                         f"{n if n is not None else 'more than %d, or the expected effect cannot hold' % stats.MAX_SEEDS}"
+                         f" | {_plan_cost(item.cells(), n)} |")
         return "\n".join(lines)
+
+
+def _plan_cost(cells: list[Cell], seeds: int | None) -> str:
+    """What a run of ``seeds`` per cell would take, at the pilot cells' GPU-seconds per seed ("-": unknown)."""
+    if seeds is None or not cells or any(c.gpu_s_per_seed is None for c in cells):
+        return "-"
+    return f"{seeds * sum(c.gpu_s_per_seed for c in cells) / 60:.0f}"
 
 
 def _cost_text(cells: list[Cell], seeds: int | None) -> str:
