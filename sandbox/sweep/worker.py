@@ -171,6 +171,11 @@ class _Worker:
         Each pace: (family, trial-steps/s, replicas of the group)."""
         from optuna.trial import TrialState
         best: dict[str, tuple[float, str, float, int]] = {}       # key -> (trial-steps, family, pace, replicas)
+
+        def keep(key, family, trained, rate, replicas):
+            if key is not None and rate and trained >= best.get(key, (0.0,))[0]:
+                best[key] = (trained, family, rate, replicas)
+
         done = [t for t in trials_in(self.study, (TrialState.COMPLETE,)) if t.datetime_complete is not None]
         for t in sorted(done, key=lambda t: t.datetime_complete):
             res = t.user_attrs.get("result") or {}
@@ -180,24 +185,17 @@ class _Worker:
                 rate = packing.training_pace(trained, float(res["wall_time_s"]), res.get("setup_s"))
             except (KeyError, TypeError, ValueError):
                 continue
-            key, family, _ = self._kind(t)
-            if key is not None and rate is not None and trained >= best.get(key, (0.0,))[0]:
-                best[key] = (trained, family, rate, replicas)
-        for t in trials_in(self.study, (TrialState.WAITING,)):
-            if not self._resumes(t):
-                continue
+            keep(*self._kind(t)[:2], trained, rate, replicas)
+        for t in filter(self._resumes, trials_in(self.study, (TrialState.WAITING,))):
             try:        # an interrupted run's training rate, start-ups left out, over all its launches
                 res = json.loads((self.dir / t.user_attrs["run_dir"] / "result.json").read_text())
                 replicas = int(res.get("replicas") or 1)
                 rate, trained = float(res["steps_per_sec"]) * replicas, float(res["steps"]) * replicas
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            key, family, _ = self._kind(t)
-            if key is not None and rate > 0 and trained >= best.get(key, (0.0,))[0]:
-                best[key] = (trained, family, rate, replicas)
+            keep(*self._kind(t)[:2], trained, rate, replicas)
         for key, (family, rate, trained, replicas) in {**packing.known_paces(self.dir), **self.paces}.items():
-            if trained >= best.get(key, (0.0,))[0]:
-                best[key] = (trained, family, rate, replicas)
+            keep(key, family, trained, rate, replicas)
         return {key: (family, rate, replicas) for key, (_, family, rate, replicas) in best.items()}
 
     def _kind(self, t) -> tuple[str | None, str, int | None]:
