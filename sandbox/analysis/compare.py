@@ -31,6 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from sandbox.analysis import stats
+from sandbox.analysis.verdicts.checks import still_improving
 from sandbox.config import config_from_dict, parse_override, read_yaml, set_dotted, to_dict
 
 # A preset is a base run on which a control learns within the preset's own budget, so that a variant at chance
@@ -317,7 +318,7 @@ def compare(a: str, b: str, seeds: int = 5, task: str = "tiny", sets=(), set_a=(
         values.append({"label": label, "values": [_value(r, metric, s) for (s, _, _), r in zip(variant, mine)],
                        "chance": chance,
                        "statuses": [r["status"] for r in mine], "state_size": mine[0].get("state_size"),
-                       "improving": [_improving(r) for r in mine],
+                       "improving": [still_improving(r, _early_stop(r)) for r in mine],
                        "train_s": phases["train"] / len(mine), "params": mine[0].get("params"),
                        "wall_time_s": round(seconds, 2), "phases": phases})
     lines, summary = report(values, margin, metric)
@@ -332,10 +333,9 @@ def compare(a: str, b: str, seeds: int = 5, task: str = "tiny", sets=(), set_a=(
     return summary
 
 
-def _improving(result: dict) -> bool:
-    """Whether a run chose its last step (on val) without reaching the early stop: it was still improving."""
-    step = result.get("best_val_step")
-    return result.get("status") == "completed" and step is not None and step == result.get("steps")
+def _early_stop(result: dict) -> float:
+    """The validation accuracy at which the run would have stopped early (1.0: none)."""
+    return (result.get("config") or {}).get("train", {}).get("early_stop") or 1.0
 
 
 def _value(result: dict, metric: str, seed) -> float:

@@ -24,8 +24,7 @@ def budget_check(t: Table) -> str | None:
     learned = [r for r in t.rows if _learned(r, t.chance)]
     if not learned:
         return None
-    improving = [r for r in learned if _chosen_step(r) is not None and _chosen_step(r) == _number(r.get("steps"))
-                 and (_selection(r)[0] or 0.0) < early]
+    improving = [r for r in learned if still_improving(r, early)]
     n = len(learned)
     text = (f"**Budget check** (not a criterion): of the {n} trial{'s' if n > 1 else ''} whose chosen accuracy is at "
             f"least {LEARNED} above chance, {len(improving)} ({len(improving) / n:.0%}) chose the last step evaluated "
@@ -43,6 +42,13 @@ def budget_check(t: Table) -> str | None:
 def _learned(row: dict, chance: float) -> bool:
     value = _selection(row)[1]
     return value is not None and value - chance >= LEARNED
+
+
+def still_improving(row: dict, early: float) -> bool:
+    """Whether a trial (a results row, or a run's result.json) chose its last step evaluated without reaching
+    ``early``, the early stop: it was still improving when its budget ended."""
+    step = _chosen_step(row)
+    return step is not None and step == _number(row.get("steps")) and (_selection(row)[0] or 0.0) < early
 
 
 def _chosen_step(row: dict) -> float | None:
