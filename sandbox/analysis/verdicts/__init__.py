@@ -137,8 +137,8 @@ def report(*paths, figure=None, plan: bool = False, power: float = 0.8) -> str:
             parts += [c.plan_markdown(power) for c in claims]
             parts.append(f"Seeds per cell for a {power:.0%} chance that the rule holds when the true effect is the "
                          "expected one, at the measured spreads (unknown: planned at sd 0.5, the most an accuracy "
-                         "can spread), at the level Holm tests a claim's first item; GPU-minutes: those seeds in every cell of "
-                         "the item, at what a seed of each took in the pilot.")
+                         "can spread), at the level Holm tests a claim's first item; GPU-minutes: those seeds in "
+                         "every cell of the item, at what a seed of each took in the pilot.")
         else:
             check = budget_check(Table(*group))
             parts += [x for x in (control.markdown() if control else None, check) if x]

@@ -306,9 +306,9 @@ class Claim:
         for item, (name, rule, sds, n) in zip(self.items, self.plan(power)):
             sd = " / ".join("unknown" if not s == s else f"{s:.3f}" for s in sds)
             rule_cell = rule.text().replace("|", "\\|")          # an equivalence's |effect| inside a table
-            lines.append(f"| {name} | {rule_cell} | {rule.planned_effect():+.2f} | {sd} | "
-                         f"{n if n is not None else 'more than %d, or the expected effect cannot hold' % stats.MAX_SEEDS}"
-                         f" | {_plan_cost(item.cells(), n)} |")
+            seeds = n if n is not None else f"more than {stats.MAX_SEEDS}, or the expected effect cannot hold"
+            lines.append(f"| {name} | {rule_cell} | {rule.planned_effect():+.2f} | {sd} | {seeds} "
+                         f"| {_plan_cost(item.cells(), n)} |")
         return "\n".join(lines)
 
 
