@@ -172,8 +172,8 @@ def test_a_fresh_worker_sizes_its_claims_from_the_groups_the_sweep_finished_befo
     The d_model 16 point's three trials finished as a stack of 3 x 100 steps in 45 s, 15 of them its start-up
     (so 10 trial-steps/s of training, 3.3 steps/s). Its kind is then known; the d_model 32 point's is not, so
     it is sized at half of that (d_model 16's pace over the ratio of widths): a group of up to three steps at
-    1.7 steps/s, 40 + 1.2 x 100 / (5 / 3) = 112 s. With 70 s left none fits, and one trial is trained alone to
-    measure the kind; with 130 s a worker takes the rest of the point (40 + 1.2 x 200 / (20 / 3) = 76 s)."""
+    1.7 steps/s, 40 + 1.2 x 100 / (5 / 3) = 112 s. With 130 s left a worker takes the whole point; with 70 s,
+    less than a start-up and as long again, nothing."""
     from sandbox.sweep.worker import _Worker
     study = _study(tmp_path)
     w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3)
@@ -183,9 +183,9 @@ def test_a_fresh_worker_sizes_its_claims_from_the_groups_the_sweep_finished_befo
     tight = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
     done = study.get_trials()[0]
     assert tight._paces() == {tight._kind(done)[0]: (tight._kind(done)[1], 10.0, 3)}
-    assert len(tight.claim()) == 1
+    assert tight.claim() == [] and tight.out_of_time
     roomier = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 130)
-    assert len(roomier.claim()) == 2                                    # the two left of the point
+    assert len(roomier.claim()) == 3
 
 
 def test_the_longest_group_of_a_kind_gives_its_pace_the_latest_among_equals(tmp_path):
@@ -233,12 +233,12 @@ def test_a_group_of_a_kind_the_worker_trained_is_charged_a_short_start_up(tmp_pa
     assert len(group) == 2 and all(w._kind(study.trial_by_number(n))[0] == key for n in group)
 
 
-def test_a_trial_longer_than_a_whole_launch_trains_to_the_limit_and_the_next_launch_resumes_it(tmp_path):
-    """In launches of 100 s, d_model 16's trials (100 steps at 1 trial-step/s: 40 + 1.2 x 100 = 160 s) can never
-    finish, so once nothing fits they are trained anyway, stacked, for the limit to stop with checkpoints;
-    d_model 32's (at 2.5: 88 s) would fit a whole launch and wait for one when 85 s are left. With less than two
-    start-ups left nothing is taken. An interrupted run's training rate (its result.json) paces its kind in the
-    next launch, which takes the run in hand first."""
+def test_once_nothing_fits_what_waits_trains_to_the_limit_and_the_next_launch_resumes_it(tmp_path):
+    """With 85 s left neither d_model 16's trials (100 steps at 1 trial-step/s: 40 + 1.2 x 100 = 160 s) nor d_model
+    32's (at 2.5: 88 s) finish, so rather than idle the worker trains them anyway, stacked, in queue order, for the
+    limit to stop with checkpoints; its next claim takes the other kind. With less than two start-ups left (70 s)
+    nothing is taken. An interrupted run's training rate (its result.json) paces its kind in the next launch, which
+    takes the run in hand first."""
     import json
 
     from sandbox.sweep.study import requeue
@@ -248,13 +248,14 @@ def test_a_trial_longer_than_a_whole_launch_trains_to_the_limit_and_the_next_lau
     (key16, fam16, _), (key32, fam32, _) = (_Worker(tmp_path / "out", study, os.getpid(), None)._kind(trials[i])
                                             for i in (0, 3))
     paces = {key16: (fam16, 1.0, 100, 1), key32: (fam32, 2.5, 100, 1)}
-    w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 100)
-    w.paces, w.until = dict(paces), time.time() + 85
+    late = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 70)
+    late.paces = dict(paces)
+    assert late.claim() == [] and late.out_of_time
+    w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 85)
+    w.paces = dict(paces)
     group = w.claim()
     assert [w._kind(study.trial_by_number(n))[0] for n in group] == [key16] * 3
-    late = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 100)
-    late.paces, late.until = dict(paces), time.time() + 70
-    assert late.claim() == [] and late.out_of_time
+    assert [w._kind(study.trial_by_number(n))[0] for n in w.claim()] == [key32] * 3
     # the limit stopped the first of them at step 40 with a checkpoint, training at 0.5 steps/s
     run = tmp_path / "out" / "trials" / "t0"
     run.mkdir(parents=True)
@@ -264,29 +265,12 @@ def test_a_trial_longer_than_a_whole_launch_trains_to_the_limit_and_the_next_lau
     study.set_trial_attr(group[0], "run_dir", "trials/t0")
     again = requeue(study, study.trial_by_number(group[0]), "time limit", count=False)
     study.set_trial_attr(again, "run_dir", "trials/t0")
-    nxt = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 100)
-    nxt.paces, nxt.until = {key32: paces[key32]}, time.time() + 85
+    for n in group[1:]:
+        requeue(study, study.trial_by_number(n), "time limit", count=False)
+    nxt = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 85)
+    nxt.paces = {key32: paces[key32]}
     assert nxt._paces()[key16] == (fam16, 0.5, 1)
-    assert nxt.claim() == [again]                  # 60 steps left at 0.5: 40 + 1.2 x 120 = 184 s, longer than 100
-
-
-def test_a_kind_guessed_too_slow_for_the_limit_is_measured_alone_at_a_launchs_start(tmp_path):
-    """A kind with no pace of its own is sized by a guess. Where nothing fits at a launch's start, a worker
-    trains one trial of such a kind alone (and measures it) instead of leaving it queued for ever; a kind
-    whose own pace says it does not fit stays queued, and so does everything once the worker has worked."""
-    from sandbox.sweep.worker import _Worker
-    study = _study(tmp_path)
-    w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 60)
-    small, big = study.get_trials()[0], study.get_trials()[3]                 # d_model 16, d_model 32
-    key16, fam16, _ = w._kind(small)
-    assert w._kind(big)[0] != key16
-    w.paces = {key16: (fam16, 1.0, 100, 1)}       # d_model 16: 40 + 1.2 x 100 / 1 = 160 s; d_model 32 guessed at 0.5
-    group = w.claim()
-    assert [study.trial_by_number(n).params["model.d_model"] for n in group] == [big.params["model.d_model"]]
-    assert w.claim() == [] and w.out_of_time             # one probe; a worker that has worked does not probe
-    measured = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3, until=time.time() + 60)
-    measured.paces = {key16: (fam16, 1.0, 100, 1), w._kind(big)[0]: (w._kind(big)[1], 1.0, 100, 1)}
-    assert measured.claim() == [] and measured.out_of_time                # measured too slow: stays queued
+    assert nxt.claim() == [again]        # 60 steps left at 0.5: 40 + 1.2 x 120 = 184 s; in hand, and alone at its step
 
 
 def test_an_unmeasured_kind_of_stack_takes_its_familys_slowest_pace():

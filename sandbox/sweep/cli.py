@@ -88,8 +88,8 @@ def add_cli(sub) -> None:
     s.add_argument("--time-limit", type=float, metavar="SECONDS",
                    help="stop after SECONDS: workers start only trials that finish by then at the pace measured "
                    "for their kind of stack (in this run, or from the sweep's finished trials), stacking fewer "
-                   "near the end; the rest stop in order at the limit; rerun to go on. A trial longer than the "
-                   "whole limit trains up to it and goes on from its checkpoint in the next run")
+                   "near the end; once nothing fits, what waits trains up to the limit anyway and goes on from its "
+                   "checkpoint in the next run (same --out)")
     s.add_argument("--dry-run", action="store_true", help="validate and list the trials, run nothing")
     s.add_argument("--retry-failed", action="store_true", help="queue failed trials again (e.g. after "
                    "fixing what made them fail); complete ones are kept")

@@ -15,10 +15,10 @@ it, a stack is retried in halves. Between groups a worker hands its cached GPU m
 
 With ``--until`` (a time limit) it only takes trials that finish before it at the pace measured for their
 kind of stack (``packing.fits``, ``packing.pace_for``; stacks shrink near the end), and exits with
-``EXIT_TIME_LIMIT`` when none does. Where nothing fits before it has taken any work, it trains one trial
-of a kind with no pace of its own alone: that kind's size was a guess, and the run measures it. A trial
-longer than a whole launch of this length is trained anyway once nothing else fits: the limit stops it
-with a checkpoint, and each later launch takes it further.
+``EXIT_TIME_LIMIT`` when none does. Once nothing fits, what waits is trained anyway while a start-up and as
+long again of training are left, those with checkpoints first: the limit stops it with checkpoints and the
+next launch goes on from them. So a GPU does not idle out the rest of a limit, a kind whose pace was a guess
+gets measured, and a trial longer than any launch goes further each time.
 
 A diverging, out-of-memory or raising trial is recorded as failed with its reason and
 the worker goes on. SIGINT/SIGTERM (or the launcher dying) interrupts the running
@@ -56,13 +56,11 @@ class _Worker:
         self.training = False
         self.stop = False
         self.until = until                  # epoch seconds by which claimed work must be done (None: no limit)
-        self.span = None if until is None else until - time.time()      # the whole launch's time, about
         self.points = points                # the point ids this launch trains (None: any waiting trial)
         # stack key -> (family, trial-steps/s, trial-steps, replicas) of the longest group of it this worker trained
         self.paces: dict[str, tuple[str, float, float, int]] = {}
         self.trained_kinds: set[str] = set()    # stack keys this process compiled: their next start-up is short
         self.out_of_time = False
-        self.claimed = False                # whether this worker took any work in this launch
         self._keys: dict[int, tuple[str | None, int | None]] = {}      # number -> (stack key, steps left)
         self._kinds: dict[int, tuple[str | None, str, int | None]] = {}  # number -> (stack key, family, steps)
 
@@ -95,25 +93,16 @@ class _Worker:
             first = self._claim_one(lambda t: self._stack_key(t) not in busy and fits(t, 0, 1))
         if first is None:
             first = self._claim_one(lambda t: fits(t, 0, 1))
-        if first is None and self.until is not None and not self.claimed:
-            # nothing fits at a launch's start: a kind never measured is only a guess (sized from another
-            # width's or mixer's pace, which may be stale and far too slow), so train one trial of it alone
-            # and measure it
-            measured = set(self._paces()) | {None}        # kinds with a pace of their own (None: invalid)
-            if packing.fits(0, 1, None, self.until - time.time()):
-                first = self._claim_one(lambda t: self._kind(t)[0] not in measured)
-            if first is not None:
-                self.claimed = True
-                return [first]
         joins = fits
         if first is None and self.until is not None:
-            # a trial that no launch of this length could finish would stay queued for ever: train it until the
-            # limit stops it with a checkpoint, and the next launch resumes it (those in hand first)
-            longer = self._longer_than_a_launch()
-            first = self._claim_one(lambda t: self._resumes(t) and longer(t, 0, 1))
+            # nothing finishes before the limit: rather than leave the GPU idle, train what waits anyway (those in
+            # hand first); the limit stops it with checkpoints and the next launch goes on from them. This also
+            # measures a kind whose pace was a guess, and takes trials longer than any launch further each time
+            anyway = self._train_anyway()
+            first = self._claim_one(lambda t: self._resumes(t) and anyway(t, 0, 1))
             if first is None:
-                first = self._claim_one(lambda t: longer(t, 0, 1))
-            joins = longer
+                first = self._claim_one(lambda t: anyway(t, 0, 1))
+            joins = anyway
         if first is None:
             self.out_of_time = self.until is not None and any(map(self._ours, trials_in(self.study,
                                                                                         (TrialState.WAITING,))))
@@ -121,7 +110,6 @@ class _Worker:
         t = self.study.trial_by_number(first)
         key, used = self._stack_key(t), self._steps_left(t) or 0
         group = [first]
-        self.claimed = True
         while key is not None and len(group) < self.stack:
             tid = self._claim_one(lambda t: self._stack_key(t) == key and joins(t, used, len(group) + 1))
             if tid is None:
@@ -145,20 +133,15 @@ class _Worker:
             return packing.fits(used + (self._steps_left(t) or 0), trials, pace, left, startup)  # invalid: fails
         return fits
 
-    def _longer_than_a_launch(self):
-        """``longer(trial, steps already claimed, trials with it)``: whether a group with the trial would not finish
-        within a whole launch of this one's length (``span``), at its kind's measured pace, while enough of this
-        launch is left to train it after a start-up. A kind with no pace of its own is never taken this way (its
-        size is a guess; the launch-start probe measures it)."""
+    def _train_anyway(self):
+        """``anyway(trial, steps already claimed, trials with it)``: whether the trial can still start, with a
+        start-up and as long again of training before the limit. A limit of a minute or two would otherwise cut
+        off trials that had hardly begun, and each resumption pays its start-up again."""
         left = self.until - time.time()
-        paces = self._paces()
 
-        def longer(t, used, trials):
-            key, family, _ = self._kind(t)
-            if key not in paces or left < 2 * packing.STARTUP_S:
-                return False
-            return not packing.fits(used + (self._steps_left(t) or 0), trials, paces[key][1:], self.span)
-        return longer
+        def anyway(t, used, trials):
+            return self._stack_key(t) is not None and left >= 2 * packing.STARTUP_S
+        return anyway
 
     def _paces(self) -> dict[str, tuple[str, float, int]]:
         """Paces by stack key, from the group that trained the most trial-steps of it, the latest among equals: the
