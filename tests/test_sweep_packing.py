@@ -1,5 +1,6 @@
 """How a sweep fills a GPU: the utilisation rule, the stack size, MPS where it cannot start, and what a
 worker takes before a time limit."""
+import math
 import os
 import subprocess
 import sys
@@ -231,6 +232,36 @@ def test_a_group_of_a_kind_the_worker_trained_is_charged_a_short_start_up(tmp_pa
     w.until = time.time() + 50
     group = w.claim()
     assert len(group) == 2 and all(w._kind(study.trial_by_number(n))[0] == key for n in group)
+
+
+def test_a_stopped_stack_records_the_replicas_that_had_ended_and_requeues_the_rest(tmp_path):
+    """A stack stopped (a time limit, Ctrl-C) while one of its trials had already ended (an early stop inside the
+    stack) tells the study that trial's result, read from its run directory, and requeues only the others: the
+    finished result must not wait for a launch on a machine that may be gone."""
+    import json
+
+    from optuna.trial import TrialState
+
+    from sandbox.sweep.spec import build_config
+    from sandbox.sweep.worker import _values, _Worker
+    from sandbox.train import train
+    study = _study(tmp_path)
+    w = _Worker(tmp_path / "out", study, os.getpid(), None, stack=3)
+    group = w.claim()
+    assert len(group) == 3
+    first = study.trial_by_number(group[0])
+    run_dir = tmp_path / "out" / f"trials/{first.number}-{first.user_attrs['point_id'][:8]}"
+    ended = train(build_config(w.spec["base"], _values(first)), run_dir, progress=False)   # the trial that ended
+    w.stop = True                                                   # the stop arrives before the rest trained
+    assert w.run_group(group) == 130
+    states = {t.number: t for t in study.get_trials()}
+    assert states[group[0]].state == TrialState.COMPLETE
+    assert states[group[0]].user_attrs["result"]["steps"] == ended["steps"] == 100
+    assert math.isclose(states[group[0]].value, max(h["val/accuracy"] for h in ended["history"]))   # the objective
+    assert all(states[n].state == TrialState.FAIL for n in group[1:])          # requeued: a waiting copy each
+    copies = [t for t in states.values() if t.user_attrs.get("retry_of") in group]
+    assert sorted(t.user_attrs["retry_of"] for t in copies) == sorted(group[1:])
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "completed"
 
 
 def test_once_nothing_fits_what_waits_trains_to_the_limit_and_the_next_launch_resumes_it(tmp_path):

@@ -288,7 +288,7 @@ class _Worker:
         """Train the claimed trials (stacked when there are several) and record how each ended. Returns an exit
         code where this worker must stop, else None."""
         import torch
-        from sandbox.train import Unstackable, train_replicas
+        from sandbox.train import Unstackable, ended_result, train_replicas
 
         group = [self._start(n, stack=numbers[0]) for n in numbers]
         beating = self._heartbeat(numbers)
@@ -308,7 +308,11 @@ class _Worker:
             self._measure_pace(configs, left, results, time.time() - t_group)
         except KeyboardInterrupt:
             beating.set()
-            self._requeue(group, "interrupted", count=False)
+            # replicas that ended before the stop (an early stop within the stack) keep their results: the
+            # machine, and the run directories with it, may be gone before a next launch could read them
+            ended = {g.number: r for g in group if (r := ended_result(self.dir / g.run_dir)) is not None}
+            self._record([g for g in group if g.number in ended], list(ended.values()))
+            self._requeue([g for g in group if g.number not in ended], "interrupted", count=False)
             return 130
         except Unstackable:                 # a mixer that must train alone: these trials, one by one
             beating.set()

@@ -16,9 +16,10 @@ files.py       files written whole (results, checkpoints), checkpoints in the ba
 """
 from sandbox.train.group import Group, Unstackable, build, resolve_device, stack_key, use_cuda_graph
 from sandbox.train.evaluation import evaluate
-from sandbox.train.loop import StopTraining, TrainingDiverged, train, train_replicas
+from sandbox.train.loop import StopTraining, TrainingDiverged, ended_result, train, train_replicas
 from sandbox.train.step import Step, graph_safe, lr_lambda, scored_positions
 
-__all__ = ["Group", "StopTraining", "TrainingDiverged", "Unstackable", "build", "evaluate", "resolve_device",
+__all__ = ["Group", "StopTraining", "TrainingDiverged", "Unstackable", "build", "ended_result", "evaluate",
+           "resolve_device",
            "stack_key", "train", "train_replicas", "use_cuda_graph", "Step", "graph_safe", "lr_lambda",
            "scored_positions"]

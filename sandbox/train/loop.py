@@ -140,7 +140,7 @@ def weights_file(run_dir) -> Path:
     return chosen if chosen.is_file() else Path(run_dir) / "checkpoint.pt"
 
 
-def _finished(out: Path) -> dict | None:
+def ended_result(out: Path) -> dict | None:
     """The stored result of a run directory that already ended (its checkpoint is its final state)."""
     path = out / "result.json"
     if path.exists() and (out / "checkpoint.pt").exists():
@@ -177,7 +177,7 @@ def train_replicas(cfgs: list[RunConfig], out_dirs: list, *, progress: bool = Tr
     if len({stack_key(c) for c in cfgs}) != 1:
         raise ValueError("train_replicas: the runs must differ only in train.lr, seed and name")
     outs = [Path(o) for o in out_dirs]
-    results: list[dict | None] = [_finished(o) for o in outs]
+    results: list[dict | None] = [ended_result(o) for o in outs]
     callbacks = on_eval or [None] * len(cfgs)
     t_start = time.perf_counter()
     while True:
