@@ -136,6 +136,24 @@ def test_combine_every_item_with_holm_and_a_count():
     assert p_hold * 6 > 0.025 or combine([edge] * 6, [rule] * 6)[0] == HOLDS
 
 
+def test_the_rule_text_names_the_interval_the_first_of_several_items_must_clear():
+    """A claim of 6 items says the first item to decide needs its 99.2% interval clear: an item alone among 6 (the
+    rest not run) holds exactly when Welch's 99.17% interval, computed here from the seeds, lies above the margin."""
+    from sandbox.analysis.verdicts.claims import holm_level
+    assert holm_level(6) == "99.2%" and holm_level(3) == "98.3%"
+    rule = greater(0.05)
+    for a, b in [([0.30, 0.34, 0.32, 0.31], [0.21, 0.23, 0.22, 0.25]),       # clears 95% only
+                 ([0.30, 0.34, 0.32, 0.31], [0.10, 0.12, 0.11, 0.14])]:      # clears 99.2%
+        va, vb = (scipy_stats.tvar(x) / len(x) for x in (a, b))
+        df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+        d = sum(a) / len(a) - sum(b) / len(b)
+        low95, low992 = (d - scipy_stats.t.ppf(1 - q / 2, df) * math.sqrt(va + vb) for q in (0.05, 0.05 / 6))
+        assert low95 > 0.05
+        _, items = combine([difference(a, b)] + [None] * 5, [rule] * 6)
+        assert (items[0] == HOLDS) == (low992 > 0.05)
+        assert items[0] in (HOLDS, OPEN)
+
+
 def test_planning_matches_the_normal_approximation_and_a_simulation():
     rule = greater(0.1, expect=0.5)
     n = stats.seeds_for_power([0.3, 0.3], rule)

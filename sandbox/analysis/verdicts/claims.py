@@ -132,6 +132,11 @@ class Table:
         return Cell([p[1] for p in picks], seeds, on, _gpu_s_per_seed(self.rows_where(**where)))
 
 
+def holm_level(m: int) -> str:
+    """The interval an item must clear to decide first among ``m`` under Holm's adjustment: 1 - 0.05 / m."""
+    return f"{100 * (1 - (1 - stats.LEVEL) / m):.1f}%"
+
+
 def _gpu_s_per_seed(rows: list[dict]) -> float | None:
     """The GPU-seconds the (finished) rows' trials took per seed: each trial's wall time over its stack's replicas
     (they shared one GPU for that time), summed, over the seeds they ran. None where no trial recorded its time."""
@@ -266,7 +271,8 @@ class Claim:
                f"at least {self.need} of the {m} items hold")
         fails = "it does" if m == 1 else "any item does" if every else f"more than {m - self.need} do"
         return (f"each item's effect must satisfy {' / '.join(rules)} with its whole 95% interval"
-                + (f" (Holm over the {m} items)" if m > 1 else "") + f"; the claim holds when {how}, and does "
+                + (f" (Holm over the {m} items: the first item to decide needs its {holm_level(m)} interval clear, "
+                   "the last its 95%)" if m > 1 else "") + f"; the claim holds when {how}, and does "
                 f"not hold once {fails} not")
 
     def markdown(self) -> str:
