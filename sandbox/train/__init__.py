@@ -20,6 +20,5 @@ from sandbox.train.loop import StopTraining, TrainingDiverged, ended_result, tra
 from sandbox.train.step import Step, graph_safe, lr_lambda, scored_positions
 
 __all__ = ["Group", "StopTraining", "TrainingDiverged", "Unstackable", "build", "ended_result", "evaluate",
-           "resolve_device",
-           "stack_key", "train", "train_replicas", "use_cuda_graph", "Step", "graph_safe", "lr_lambda",
-           "scored_positions"]
+           "resolve_device", "stack_key", "train", "train_replicas", "use_cuda_graph", "Step", "graph_safe",
+           "lr_lambda", "scored_positions"]
