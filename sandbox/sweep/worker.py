@@ -308,8 +308,8 @@ class _Worker:
             self._measure_pace(configs, left, results, time.time() - t_group)
         except KeyboardInterrupt:
             beating.set()
-            # replicas that ended before the stop (an early stop within the stack) keep their results: the
-            # machine, and the run directories with it, may be gone before a next launch could read them
+            # replicas that ended before the stop (an early stop within the stack) keep their results now: the
+            # run directories may not be there for a next launch to read
             ended = {g.number: r for g in group if (r := ended_result(self.dir / g.run_dir)) is not None}
             self._record([g for g in group if g.number in ended], list(ended.values()))
             self._requeue([g for g in group if g.number not in ended], "interrupted", count=False)
