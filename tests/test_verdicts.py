@@ -485,6 +485,29 @@ def test_a_claim_whose_rows_have_not_run_says_so_in_its_headline():
     assert full.markdown().startswith("**beats**: does not hold\n")
 
 
+def test_an_undecided_item_says_when_deciding_it_would_decide_its_claim():
+    """Every item must hold: one "does not hold" settles the claim, so each open item says so. Two of three must
+    hold and one already does: one more "holds" settles it. Once the claim is decided, no item says anything."""
+    from sandbox.analysis import stats
+    from sandbox.analysis.verdicts.claims import Cell, Claim
+    high, low = Cell([0.9, 0.91, 0.92], [0, 1, 2]), Cell([0.1, 0.11, 0.12], [0, 1, 2])
+    wide_a, wide_b = Cell([0.1, 0.9, 0.5], [0, 1, 2]), Cell([0.2, 0.1, 0.6], [0, 1, 2])
+
+    def claim(need, pairs):
+        c = Claim("beats", need=need)
+        for i, (a, b) in enumerate(pairs):
+            c.compare(f"G {i}", a, b, stats.greater(0.2))
+        return c
+    every = claim(None, [(high, low), (wide_a, wide_b), (wide_a, wide_b)])
+    assert every.judged() == ("inconclusive", ["holds", "inconclusive", "inconclusive"])
+    assert every.markdown().count("(if this item does not hold, neither does the claim)") == 2
+    most = claim(2, [(high, low), (wide_a, wide_b), (wide_a, wide_b)])
+    assert most.verdict() == "inconclusive" and most.markdown().count("(if it holds, so does the claim)") == 2
+    assert "neither does" not in most.markdown()           # one "does not hold" leaves 2 of 3 possible
+    decided = claim(None, [(low, high), (wide_a, wide_b)])
+    assert decided.verdict() == "does not hold" and "claim)" not in decided.markdown()
+
+
 def test_the_budget_check_counts_trials_still_improving_and_rates_at_the_grids_ends(tmp_path):
     """Three seeds x three rates of one mixer. Seed 0 learned at every rate, best at its last step (3000) at rate
     8e-3, the grid's top: 3 trials still improving, one rate at an end. Seed 1 reached the early stop at step 1500

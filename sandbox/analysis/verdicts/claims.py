@@ -296,10 +296,24 @@ class Claim:
                          f"| {sup} | {outcome} |")
             if outcome == OPEN:
                 undecided.append(f"{item.name}: {stats.seeds_text(e, item.rule, len(self.items))}"
-                                 + _cost_text(item.cells(), stats.seeds_to_decide(e, item.rule, len(self.items))))
+                                 + _cost_text(item.cells(), stats.seeds_to_decide(e, item.rule, len(self.items)))
+                                 + self._deciding(outcomes))
         if undecided:
             lines += ["", "Inconclusive: " + "; ".join(undecided) + "."]
         return "\n".join(lines)
+
+    def _deciding(self, outcomes: list[str]) -> str:
+        """What deciding this item would do to an undecided claim. Where one more "does not hold" (or "holds")
+        settles it, this item's seeds are the ones worth running first."""
+        m = len(self.items)
+        need = m if self.need is None else self.need
+        fails = outcomes.count(FAILS) + 1 > m - need
+        holds = outcomes.count(HOLDS) + 1 >= need
+        if m == 1 or stats.claim_verdict(outcomes, need) != OPEN or not (fails or holds):
+            return ""
+        if fails and holds:
+            return " (the claim goes as this item goes)"
+        return " (if this item does not hold, neither does the claim)" if fails else " (if it holds, so does the claim)"
 
     def plan(self, power: float = 0.8) -> list[tuple[str, Rule, list[float], int | None]]:
         """Per item: (name, rule, the pilot's sds (NaN: unknown), seeds per cell for ``power``)."""
