@@ -593,7 +593,7 @@ def _postgres_reachable() -> str | None:
     return None
 
 
-def test_postgres_two_machines_share_one_study_and_heartbeat_retries(tmp_path):
+def test_postgres_two_machines_share_one_study_and_heartbeat_retries(tmp_path, postgres_shared):
     why = _postgres_reachable()
     if why is not None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):

@@ -121,7 +121,7 @@ def _local_cluster() -> tuple[list[str], list[str]] | str:
 
 
 @pytest.fixture
-def pg_server():
+def pg_server(postgres_alone):
     ctl = _local_cluster()
     if isinstance(ctl, str):
         if IN_CI:
@@ -163,6 +163,7 @@ def _running_with_eval(out: Path, url: str, points: set[str], n: int):
 
 # ---- PostgreSQL stopped at once for 22 s in the middle of a sweep ---------------------------------
 
+@pytest.mark.slow                   # waits out a database outage: CI runs it with the slow set
 def test_postgres_restart_mid_sweep_is_ridden_through(tmp_path, pg_server):
     from sandbox.sweep.spec import load_sweep
     # two long trials run through the outage (one may end during it and wait to send its
@@ -222,6 +223,7 @@ def test_postgres_restart_mid_sweep_is_ridden_through(tmp_path, pg_server):
 
 # ---- PostgreSQL down past --storage-timeout ------------------------------------------------------------
 
+@pytest.mark.slow                   # waits out a database outage: CI runs it with the slow set
 def test_postgres_down_past_the_storage_timeout_stops_cleanly_and_a_rerun_resumes(tmp_path, pg_server, monkeypatch,
                                                                                   capsys):
     from sandbox.sweep.spec import load_sweep
