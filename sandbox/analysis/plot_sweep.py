@@ -69,7 +69,7 @@ def load_rows(sweep_dir) -> tuple[list[dict], str]:
         row.update(res.summary())
         row["test/accuracy"] = res.best_accuracy
         row["test/final_accuracy"] = res.final_accuracy
-        losses = [h["test/loss"] for h in res.history or [] if _number(h.get("test/loss")) is not None]
+        losses = [h["test/loss"] for h in res.history or [] if number(h.get("test/loss")) is not None]
         row["test/loss"] = min(losses) if losses else None
         row["run_dir"] = str(path.parent)
         rows.append(row)
@@ -90,7 +90,8 @@ def finished(rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
     return [r for r in rows if r.get("status") is None or r["status"] in FINISHED], dict(left)
 
 
-def _number(v) -> float | None:
+def number(v) -> float | None:
+    """A results value as a finite float (None: missing, not a number, a flag, or infinite)."""
     if isinstance(v, bool) or v is None:
         return None
     try:
@@ -102,7 +103,7 @@ def _number(v) -> float | None:
 
 def _key(v):
     """Sort key mixing numbers and strings."""
-    n = _number(v)
+    n = number(v)
     return (0, n, "") if n is not None else (1, 0.0, str(v))
 
 
@@ -115,7 +116,7 @@ def aggregate(rows: list[dict], y: str, axes: list[str], seed_key: str = "seed",
             near = sorted(c for c in cols if a.split(".")[-1] in c)[:5]
             raise ValueError(f"{a}: no such column in the sweep results" + (f" (similar: {', '.join(near)})" if near else ""))
     pick = min if lower_is_better else max
-    scored = [r for r in rows if _number(r.get(y)) is not None]
+    scored = [r for r in rows if number(r.get(y)) is not None]
     per_seed = _group_by(scored, [*axes, seed_key])                 # the best of each: over the tuned keys
     skip = set(axes) | {seed_key, y, "run_dir", "name", *RESULT_FIELDS}
     tuned = {c for g in per_seed.values() if len(g) > 1 for c in cols - skip
@@ -146,8 +147,8 @@ def _chosen(group: list[dict], y: str, pick) -> float:
     """A seed's value over its tuned trials: at the trial chosen on val for the test accuracy at the val-chosen step
     (the verdicts' reading), else the best of ``y``."""
     if y == "test_at_best_val":
-        return _number(max(group, key=lambda r: _number(r.get("best_val_accuracy")) or 0.0)[y])
-    return pick(_number(r[y]) for r in group)
+        return number(max(group, key=lambda r: number(r.get("best_val_accuracy")) or 0.0)[y])
+    return pick(number(r[y]) for r in group)
 
 
 def _group_by(items: list, keys: list[str], first: bool = False) -> dict[tuple, list]:
@@ -162,9 +163,9 @@ def _group_by(items: list, keys: list[str], first: bool = False) -> dict[tuple, 
 def _resolve_y(rows: list[dict], y: str) -> str:
     cols = set().union(*(r.keys() for r in rows))
     for c in (y, *Y_ALIASES.get(y, ())):
-        if c in cols and any(_number(r.get(c)) is not None for r in rows):
+        if c in cols and any(number(r.get(c)) is not None for r in rows):
             return c
-    numeric = sorted(c for c in cols if any(_number(r.get(c)) is not None for r in rows) and "." not in c)
+    numeric = sorted(c for c in cols if any(number(r.get(c)) is not None for r in rows) and "." not in c)
     raise ValueError(f"y: no numeric column {y!r} in the sweep results (numeric result columns: {', '.join(numeric)})")
 
 
@@ -244,9 +245,9 @@ def draw(points: dict, axes: list[str], x: str, ycol: str, tuned: list[str], *, 
 
     panels = values_of(0) if col else [None]
     xs = values_of(len(axes) - 1)
-    numeric_x = all(_number(v) is not None for v in xs)
+    numeric_x = all(number(v) is not None for v in xs)
     rate = x.split(".")[-1] == "lr"            # learning rates are tried on a log grid
-    if logx and not (heatmap is None and numeric_x and min(_number(v) for v in xs) > 0):
+    if logx and not (heatmap is None and numeric_x and min(number(v) for v in xs) > 0):
         raise ValueError(f"logx: needs positive numbers on a line plot; {x} has {', '.join(map(str, xs))}")
     fig, axs = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + (1 if heatmap else 0), 3.8),
                             squeeze=False, dpi=100)
@@ -281,7 +282,7 @@ def draw(points: dict, axes: list[str], x: str, ycol: str, tuned: list[str], *, 
                 label = str(hv) if hue else None
                 color = f"C{j % 10}"    # by the value's place among all panels' values: one colour per value
                 if numeric_x:
-                    px = [_number(v) for v, _ in line]
+                    px = [number(v) for v, _ in line]
                     ax.plot(px, m, marker="o", ms=4, label=label, color=color)
                     ax.fill_between(px, lo, hi_, alpha=0.2, color=color)
                 else:       # categories: nothing lies between two of them, so no line joins them
@@ -289,7 +290,7 @@ def draw(points: dict, axes: list[str], x: str, ycol: str, tuned: list[str], *, 
                     px = [xs.index(v) + dodge for v, _ in line]
                     ax.errorbar(px, m, yerr=[m - lo, hi_ - m], fmt="o", ms=4, capsize=3, label=label, color=color)
             if numeric_x:
-                nx = [_number(v) for v in xs]
+                nx = [number(v) for v in xs]
                 if logx or (logx is None and min(nx) > 0 and (rate or max(nx) / min(nx) >= 8)):
                     ax.set_xscale("log", base=10 if rate else 2)
                 ax.set_xticks(nx, [str(v) for v in xs])

@@ -20,11 +20,11 @@ the limit (``fits``): a start-up, shorter for a kind the worker process trained 
 the pace measured for that kind of stack (``pace_for``, ``training_pace``): in this launch, or from the
 trials the sweep finished before (their groups' wall time less their start-up), so that a fresh machine
 does not start blind. A pace is measured on a group of some number of replicas: a larger group is taken to
-train as many trial-steps per second, a smaller one as many steps per second (``fits``). Near the end it stacks fewer
-trials where that finishes sooner, then none, instead of starting stacks that the limit would cut off (where
-the machine goes away at the limit, their checkpoints go with it). Under a limit the
-launcher runs one worker per GPU unless told otherwise: another one sharing the GPU would slow the stacks
-each sized to the limit, so that none finishes in time (results/sweep_packing/README.md).
+train as many trial-steps per second, a smaller one as many steps per second (``fits``). Near the end it stacks
+fewer trials where that finishes sooner; once nothing finishes in time, the worker trains what waits anyway and
+the limit stops it with checkpoints for the next launch (worker.py). Under a limit the launcher runs one worker
+per GPU unless told otherwise: another one sharing the GPU would slow the stacks each sized to the limit, so that
+none finishes in time (results/sweep_packing/README.md).
 
 ``MPS`` starts a private MPS control daemon (its own pipe and log directories inside the sweep
 directory, so it touches no other user of the GPU) and stops it when the sweep ends.

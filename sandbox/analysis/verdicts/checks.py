@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sandbox.analysis.verdicts.claims import Table, _number, _selection
+from sandbox.analysis.plot_sweep import number
+from sandbox.analysis.verdicts.claims import Table, selection
 
 LEARNED = 0.05          # a trial "learned something" when its chosen accuracy is this far above chance
 
@@ -20,7 +21,7 @@ def budget_check(t: Table) -> str | None:
     """A paragraph on the trials that learned something: how many still improved at their last step (chosen step
     = last step, no early stop), and how many chosen learning rates of seeds short of the early stop lie at an end
     of their grid. None where no trial learned anything."""
-    early = _number((t.spec.get("base", {}).get("train") or {}).get("early_stop")) or 1.0
+    early = number((t.spec.get("base", {}).get("train") or {}).get("early_stop")) or 1.0
     learned = [r for r in t.rows if _learned(r, t.chance)]
     if not learned:
         return None
@@ -40,7 +41,7 @@ def budget_check(t: Table) -> str | None:
 
 
 def _learned(row: dict, chance: float) -> bool:
-    value = _selection(row)[1]
+    value = selection(row)[1]
     return value is not None and value - chance >= LEARNED
 
 
@@ -48,12 +49,12 @@ def still_improving(row: dict, early: float) -> bool:
     """Whether a trial (a results row, or a run's result.json) chose its last step evaluated without reaching
     ``early``, the early stop: it was still improving when its budget ended."""
     step = _chosen_step(row)
-    return step is not None and step == _number(row.get("steps")) and (_selection(row)[0] or 0.0) < early
+    return step is not None and step == number(row.get("steps")) and (selection(row)[0] or 0.0) < early
 
 
 def _chosen_step(row: dict) -> float | None:
-    step = _number(row.get("best_val_step"))
-    return step if step is not None else _number(row.get("best_step"))
+    step = number(row.get("best_val_step"))
+    return step if step is not None else number(row.get("best_step"))
 
 
 def _rates_at_edge(rows: list[dict], chance: float, early: float) -> tuple[int, int]:
@@ -66,10 +67,10 @@ def _rates_at_edge(rows: list[dict], chance: float, early: float) -> tuple[int, 
         points[key].append(r)
     edge = chosen = 0
     for trials in points.values():
-        rates = sorted({_number(r.get("train.lr")) for r in trials} - {None})
-        pick = max(trials, key=lambda r: _selection(r)[0] if _selection(r)[0] is not None else -1.0)
-        if len(rates) < 3 or not _learned(pick, chance) or (_selection(pick)[0] or 0.0) >= early:
+        rates = sorted({number(r.get("train.lr")) for r in trials} - {None})
+        pick = max(trials, key=lambda r: selection(r)[0] if selection(r)[0] is not None else -1.0)
+        if len(rates) < 3 or not _learned(pick, chance) or (selection(pick)[0] or 0.0) >= early:
             continue
         chosen += 1
-        edge += _number(pick.get("train.lr")) in (rates[0], rates[-1])
+        edge += number(pick.get("train.lr")) in (rates[0], rates[-1])
     return edge, chosen

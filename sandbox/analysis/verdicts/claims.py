@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from sandbox.analysis import stats
-from sandbox.analysis.plot_sweep import finished, load_rows
+from sandbox.analysis.plot_sweep import finished, load_rows, number
 from sandbox.analysis.stats import FAILS, HOLDS, OPEN, Effect, Rule, greater, less, within
 
 __all__ = ["Cell", "Table", "Item", "Contrast", "Claim", "Control", "greater", "less", "within", "HOLDS", "FAILS",
@@ -67,14 +67,6 @@ class Cell:
         return f"{self.mean:.3f} [{lo:.3f}, {hi:.3f}]{mark}"
 
 
-def _number(v):
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
-
-
 class Table:
     """A figure's finished trials, looked up by grid values. Several directories (a figure's parts, or reruns of
     one protocol with new seeds) pool their trials; a seed found in two directories keeps the first one's."""
@@ -108,14 +100,14 @@ class Table:
         """Per seed, the chosen row (see ``cell``) among those matching ``where``."""
         chosen: dict[int, dict] = {}
         for r in self.rows_where(**where):
-            pick, value, _ = _selection(r)
+            pick, value, _ = selection(r)
             if pick is None or value is None:
                 continue
             s = int(r.get("seed") or 0)
             old = chosen.get(s)
             if old is not None and old["sweep_dir"] != r["sweep_dir"]:
                 continue                               # the same seed in a later directory: the first one's counts
-            if old is None or pick > _selection(old)[0]:
+            if old is None or pick > selection(old)[0]:
                 chosen[s] = r
         return chosen
 
@@ -127,7 +119,7 @@ class Table:
         if not chosen:
             return None
         seeds = sorted(chosen)
-        picks = [_selection(chosen[s]) for s in seeds]
+        picks = [selection(chosen[s]) for s in seeds]
         on = "val" if all(p[2] == "val" for p in picks) else "test"
         return Cell([p[1] for p in picks], seeds, on, _gpu_s_per_seed(self.rows_where(**where)))
 
@@ -140,19 +132,19 @@ def holm_level(m: int) -> str:
 def _gpu_s_per_seed(rows: list[dict]) -> float | None:
     """The GPU-seconds the (finished) rows' trials took per seed: each trial's wall time over its stack's replicas
     (they shared one GPU for that time), summed, over the seeds they ran. None where no trial recorded its time."""
-    spent = [(_number(r.get("wall_time_s")), _number(r.get("replicas")) or 1.0) for r in rows]
+    spent = [(number(r.get("wall_time_s")), number(r.get("replicas")) or 1.0) for r in rows]
     spent = [wall / max(1.0, replicas) for wall, replicas in spent if wall is not None]
     if not spent:
         return None
     return sum(spent) / len({int(r.get("seed") or 0) for r in rows})
 
 
-def _selection(row: dict) -> tuple[float | None, float | None, str]:
+def selection(row: dict) -> tuple[float | None, float | None, str]:
     """(what a trial is chosen by, the value it contributes, the split it was chosen on)."""
-    val = _number(row.get("best_val_accuracy"))
+    val = number(row.get("best_val_accuracy"))
     if val is not None:
-        return val, _number(row.get("test_at_best_val")), "val"
-    best = _number(row.get("best_accuracy"))
+        return val, number(row.get("test_at_best_val")), "val"
+    best = number(row.get("best_accuracy"))
     return best, best, "test"
 
 
