@@ -397,6 +397,23 @@ def test_ablations_decide_a_bimodal_effect_the_old_rule_could_not(tmp_path):
     assert not old_rule_decides(keys.items[0].a.values, keys.items[0].b.values)
 
 
+
+def test_a_control_calibrated_alone_is_found_through_its_sweeps_base(tmp_path):
+    """A control's own sweep (sse_ablations_control.yaml) sets the mixer in its base and varies only the seed, so its
+    results have no model.mixer column: the control is read from the base's value, and a base of another mixer
+    leaves it not run."""
+    def calibration(d, mixer, accs):
+        write_rows(d, "sse_ablations", [({}, accs)])
+        spec = yaml.safe_load((d / "sweep.yaml").read_text())
+        spec["base"]["model"] = {"mixer": mixer}
+        (d / "sweep.yaml").write_text(yaml.safe_dump(spec))
+        return judge(d)[0]
+    passes = calibration(tmp_path / "a", "attention", tight(0.995))
+    assert passes.passes() and [c.n for c in passes.cells.values()] == [5]
+    fails = calibration(tmp_path / "b", "attention", [0.995, 0.13, 0.998])
+    assert not fails.passes() and [c.n for c in fails.cells.values()] == [3]
+    assert list(calibration(tmp_path / "c", "sse", tight(0.995)).cells.values()) == [None]
+
 # ---- SLA heads -------------------------------------------------------------------------------------------------------
 
 def heads(sla_cells: dict, gla_cells: dict | None = None, attention=None):

@@ -30,6 +30,7 @@ import yaml
 from sandbox.analysis import stats
 from sandbox.analysis.plot_sweep import finished, load_rows, number
 from sandbox.analysis.stats import FAILS, HOLDS, OPEN, Effect, Rule, greater, less, within
+from sandbox.config import flatten
 
 __all__ = ["Cell", "Table", "Item", "Contrast", "Claim", "Control", "greater", "less", "within", "HOLDS", "FAILS",
            "OPEN", "CONTROL_LEVEL", "FOOTNOTE"]
@@ -87,14 +88,17 @@ class Table:
             raise ValueError("sweep_dir: the directories hold different sweeps (" + ", ".join(sorted(names))
                              + "); pool only one figure's parts and reruns")
         self.spec = specs[self.dir]
+        self.base = flatten(self.spec.get("base") or {})
         self.name = self.spec["name"]
         self.chance = chance_level(self.spec["base"]["task"])
         self.notes: list[str] = []
 
     def rows_where(self, **where) -> list[dict]:
-        """Finished rows matching ``where`` (dotted keys, ``__`` for ``.`` where a keyword needs it)."""
+        """Finished rows matching ``where`` (dotted keys, ``__`` for ``.`` where a keyword needs it). A key the
+        results have no column for is one the grid does not vary: every row has the base's value."""
         where = {k.replace("__", "."): v for k, v in where.items()}
-        return [r for r in self.rows if all(r.get(k) == v for k, v in where.items())]
+        return [r for r in self.rows
+                if all((r[k] if k in r else self.base.get(k)) == v for k, v in where.items())]
 
     def best_rows(self, **where) -> dict[int, dict]:
         """Per seed, the chosen row (see ``cell``) among those matching ``where``."""
