@@ -4,6 +4,7 @@ References are independent of the module: printed t quantiles, hand arithmetic, 
 known (a true effect must make a rule hold, a null must make it fail, as seeds are added)."""
 import math
 import random
+import statistics
 
 import pytest
 from scipy import stats as scipy_stats
@@ -55,9 +56,10 @@ def test_exact_agreement_still_gives_an_interval_that_narrows_with_seeds():
 def test_one_seed_decides_nothing():
     e = difference([0.99], [0.01])
     assert decide(e, greater(0.05)) == OPEN
-    # a spread of one seed is unknown: planned at sd 0.5 per cell, the interval must clear 0.98 - 0.05 = 0.93:
-    # n = 3: t(0.975, 4) * sqrt(0.5 / 3) = 2.776 * 0.408 = 1.13; n = 4: t(0.975, 6) * sqrt(0.5 / 4) = 2.447 * 0.354 = 0.87
-    assert stats.seeds_to_decide(e, greater(0.05)) == 4
+    # a spread of one seed is unknown: planned at sd 0.5 per cell, the interval must clear 0.98 - 0.05 = 0.93 with an
+    # 80% chance: n = 5: (t(0.975, 8) + t(0.8, 8)) * sqrt(0.5 / 5) = (2.306 + 0.889) * 0.316 = 1.01;
+    # n = 6: (t(0.975, 10) + t(0.8, 10)) * sqrt(0.5 / 6) = (2.228 + 0.879) * 0.289 = 0.90
+    assert stats.seeds_to_decide(e, greater(0.05)) == 6
 
 
 def test_rules_hold_fail_and_stay_open_by_the_interval():
@@ -168,14 +170,26 @@ def test_planning_matches_the_normal_approximation_and_a_simulation():
     assert stats.seeds_for_power([0.1, 0.1], greater(0.3, expect=0.2)) is None     # cannot hold by design
 
 
-def test_seeds_to_decide_shrinks_the_interval_past_the_margin():
-    e = difference([0.6, 0.2, 0.5], [0.1, 0.3, 0.0])
-    assert decide(e, greater(0.05)) == OPEN
-    n = stats.seeds_to_decide(e, greater(0.05))
-    lo = e.estimate - stats.stats.t.ppf(0.975, 2 * (n - 1)) * math.sqrt((e.sds[0] ** 2 + e.sds[1] ** 2) / n)
-    assert lo > 0.05
-    lo_before = e.estimate - stats.stats.t.ppf(0.975, 2 * (n - 2)) * math.sqrt((e.sds[0] ** 2 + e.sds[1] ** 2) / (n - 1))
-    assert lo_before <= 0.05
+def test_seeds_to_decide_decide_four_times_in_five_at_the_measured_means_and_spreads():
+    """Drawn from normals at the pilot's means and spreads, the seeds it asks for decide the comparison in about 80%
+    of runs; the count at which the interval would just clear the margin (the interval's own formula) decides about
+    half of them, which is why it is not the count given."""
+    a, b = [0.6, 0.2, 0.5], [0.1, 0.3, 0.0]
+    e, rule = difference(a, b), greater(0.05)
+    assert decide(e, rule) == OPEN
+    n = stats.seeds_to_decide(e, rule)
+    sa, sb = statistics.stdev(a), statistics.stdev(b)
+    just = next(k for k in range(4, 100) if e.estimate - scipy_stats.t.ppf(0.975, 2 * (k - 1))
+                * math.sqrt((sa ** 2 + sb ** 2) / k) > 0.05)
+    assert n > just
+    rng = random.Random(5)
+
+    def decided(k):
+        return sum(decide(difference([rng.gauss(statistics.mean(a), sa) for _ in range(k)],
+                                     [rng.gauss(statistics.mean(b), sb) for _ in range(k)]), rule) == HOLDS
+                   for _ in range(600)) / 600
+    assert 0.72 <= decided(n) <= 0.9
+    assert 0.3 <= decided(just) <= 0.65
 
 
 def test_seeds_to_decide_an_inconclusive_comparison_are_more_than_it_has():
@@ -183,7 +197,7 @@ def test_seeds_to_decide_an_inconclusive_comparison_are_more_than_it_has():
     uses (4), by which 3 seeds would have sufficed: the 3 it has did not."""
     e = difference([0.9658, 0.9741, 0.9961], [0.9985, 0.9976, 0.9971])
     assert decide(e, within(0.05)) == OPEN and e.df < 4
-    assert stats.seeds_to_decide(e, within(0.05)) == 4
+    assert stats.seeds_to_decide(e, within(0.05)) > 3
 
 
 def test_cell_interval_stays_within_the_range_of_an_accuracy():

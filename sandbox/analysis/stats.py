@@ -16,10 +16,12 @@ A **rule**, fixed before any run, says what the effect must show and the smalles
 ``within(m)``   equivalence: holds when the interval lies inside ``(-m, m)``; does not hold when it lies
                wholly outside.
 
-Anything else is **inconclusive**, and ``seeds_to_decide`` says how many seeds per cell would decide it if the
-observed means and spreads stayed as they are. Items of one claim are combined with Holm's step-down
-adjustment over the claim's items (``combine``), applied to both the "holds" and the "does not hold" side, so a
-claim with one item reads its verdict straight off the printed 95% interval.
+Anything else is **inconclusive**, and ``seeds_to_decide`` says how many seeds per cell would decide it with an
+80% chance (``POWER``) if the observed means and spreads are the truth: the count at which the interval would just
+clear its edge is a coin flip, and extending a comparison by such counts adds seeds one round after another.
+Items of one claim are combined with Holm's step-down adjustment over the claim's items (``combine``), applied to
+both the "holds" and the "does not hold" side, so a claim with one item reads its verdict straight off the printed
+95% interval.
 
 ``sides(m)`` are the three rules of a question with no expected direction (``sandbox compare``: B better, A better,
 or no difference). ``effect_text``, ``n_text`` and ``seeds_text`` word a comparison, so that ``sandbox verdict`` and
@@ -40,6 +42,7 @@ LEVEL = 0.95
 SD_FLOOR = 0.01             # the least seed-to-seed spread assumed for an accuracy (see the module docstring)
 SD_UNKNOWN = 0.5            # the largest sd a value in [0, 1] can have: a one-seed pilot's spread for planning
 MAX_SEEDS = 1000            # planning and "seeds to decide" stop counting here
+POWER = 0.8                 # the chance that the seeds ``seeds_to_decide`` asks for decide the comparison
 
 HOLDS, FAILS, OPEN = "holds", "does not hold", "inconclusive"
 
@@ -274,17 +277,19 @@ def _clear(rule: Rule, estimate: float) -> float:
     return abs(estimate - rule.margin)
 
 
-def seeds_to_decide(effect: Effect, rule: Rule, items: int = 1) -> int | None:
-    """Seeds per cell that would decide an inconclusive comparison if its means and spreads stayed as measured
-    (at the claim's Holm-adjusted worst level for ``items`` items); None beyond ``MAX_SEEDS``. More than it has:
-    the seeds it has did not decide it, though the pooled degrees of freedom used here (more than Welch's where
-    the spreads differ) may say they would."""
+def seeds_to_decide(effect: Effect, rule: Rule, items: int = 1, power: float = POWER) -> int | None:
+    """Seeds per cell that would decide an inconclusive comparison with probability ``power`` if its measured
+    means and spreads are the truth (at the claim's Holm-adjusted worst level for ``items`` items: the interval
+    clears the nearest edge it must clear); None beyond ``MAX_SEEDS``. More than it has: the seeds it has did not
+    decide it, though the pooled degrees of freedom used here (more than Welch's where the spreads differ) may say
+    they would."""
     gap = _clear(rule, effect.estimate)
     if gap <= 0:
         return None
     q = 1 - (1 - LEVEL) / 2 / items
     for n in range(max(2, max(effect.n) + 1), MAX_SEEDS + 1):
-        if stats.t.ppf(q, _df_at(len(effect.sds), n)) * _se_at(effect.sds, n) < gap:
+        df = _df_at(len(effect.sds), n)
+        if (stats.t.ppf(q, df) + stats.t.ppf(power, df)) * _se_at(effect.sds, n) < gap:
             return n
     return None
 
@@ -330,8 +335,9 @@ def seeds_text(effect: Effect, rule: Rule, items: int = 1) -> str:
     k = seeds_to_decide(effect, rule, items)
     if min(effect.n) < 2:
         at_most = f"{k}" if k else f"more than {MAX_SEEDS}"
-        return f"one seed measures no spread: {at_most} seeds per cell at the largest spread an accuracy can have"
+        return (f"one seed measures no spread: {at_most} seeds per cell at the largest spread an accuracy can have "
+                f"({POWER:.0%} chance)")
     if k is None:
         return f"more than {MAX_SEEDS} seeds per cell (its effect lies on the margin)"
-    return f"{k} seeds per cell would decide it at the measured means and spreads"
+    return f"{k} seeds per cell would decide it at the measured means and spreads ({POWER:.0%} chance)"
 
