@@ -207,20 +207,29 @@ def rule_rows(done: dict) -> list[dict]:
     return rows
 
 
-def write_rule(out: Path, done: dict, meta: dict) -> None:
+def write_rule(out: Path, done: dict, meta: dict, current: Path | None = None) -> None:
+    """OUT/compile_rule.json: the rule's file (``current``, by default the one ``train.compile: auto`` reads) with the
+    configurations measured here replaced and the others kept, each row naming the commit, date, GPU and torch it
+    was measured at, so that timing one configuration updates its row alone."""
+    from sandbox.train.compile import RULE_FILE
     rows = rule_rows(done)
     if not rows:
         return
+    measured = {k: meta[k] for k in ("commit", "date", "gpu", "torch")}
+    current = RULE_FILE if current is None else current
+    kept = json.loads(current.read_text())["references"] if current.is_file() else []
+    new = {r["name"]: {**r, "measured": measured} for r in rows}
+    merged = [new.pop(r["name"], r) for r in kept] + list(new.values())
     doc = {"about": "The constants of train.compile: auto (sandbox/train/compile.py): per reference configuration, "
                     "one run's steps/s uncompiled (CUDA graph) and compiled, and the seconds compiling adds to a "
                     "run's set-up (compile_s, what the rule charges: from empty caches; compile_cold_s, "
-                    "compile_warm_s: from empty and from warm compile caches).",
-           "command": "python benchmarks/time_to_result.py --what rule --out OUT, then copy OUT/compile_rule.json "
-                      "to results/throughput/compile_rule.json",
-           "gpu": meta["gpu"], "torch": meta["torch"], "commit": meta["commit"], "date": meta["date"],
+                    "compile_warm_s: from empty and from warm compile caches), and where and when it was measured.",
+           "command": "python benchmarks/time_to_result.py --what rule --configs NAMES --out OUT, then copy "
+                      "OUT/compile_rule.json to results/throughput/compile_rule.json (the configurations not timed "
+                      "keep their rows)",
            "source": f"{RULE_STEPS}-step runs of `sandbox train`, batch 256: steps/s from their results (the mean of "
                      "the cold and the warm run), compile_s from their set-up seconds, compiled less uncompiled",
-           "references": rows}
+           "references": merged}
     (out / "compile_rule.json").write_text(json.dumps(doc, indent=1) + "\n")
 
 

@@ -226,11 +226,21 @@ def test_the_time_to_result_benchmark_writes_constants_the_compile_rule_reads(tm
                      f"{key}/compiled/warm": {**run, "wall_s": 10.0, "setup_s": 7.0, "steps_per_sec": 420.0},
                      f"{key}/ref/cold": {"wall_s": 25.0}, f"{key}/ref/warm": {"wall_s": 20.0}})
     meta = {"gpu": "G", "torch": "t", "commit": "abc1234", "ref": "fb670ab", "date": "2026-11-27"}
-    ttr.write_rule(tmp_path, done, meta)
+    ttr.write_rule(tmp_path, done, meta, current=tmp_path / "none.json")
     rows = json.loads((tmp_path / "compile_rule.json").read_text())["references"]
     assert [(r["compile_cold_s"], r["compile_warm_s"], r["compile_s"]) for r in rows] == [(21.0, 4.0, 21.0)] * 2
+    assert rows[0]["measured"] == {"commit": "abc1234", "date": "2026-11-27", "gpu": "G", "torch": "t"}
     refs = compiling.references(tmp_path / "compile_rule.json")
     assert [r.name for r in refs] == ["zoology_attention_d64_t64", "gated_deltanet_d128_t256"]
     assert refs[0].eager_ms == pytest.approx(1e3 / 105) and refs[0].compiled_ms == pytest.approx(1e3 / 410)
+    # timing one configuration against the committed file replaces its row and keeps the others, in their order
+    committed = json.loads(compiling.RULE_FILE.read_text())["references"]
+    one = {k: v for k, v in done.items() if "gated_deltanet" in k}
+    (tmp_path / "one").mkdir()
+    ttr.write_rule(tmp_path / "one", one, meta)
+    merged = json.loads((tmp_path / "one" / "compile_rule.json").read_text())["references"]
+    assert [r["name"] for r in merged] == [r["name"] for r in committed]
+    for old, got in zip(committed, merged):
+        assert got == (rows[1] if old["name"] == "gated_deltanet_d128_t256" else old)
     text = ttr.report(done, meta)
     assert "| gated_deltanet_d128_t256 | 2000 |" in text and "| 25.0 |" in text

@@ -158,7 +158,8 @@ def test_the_same_configuration_always_takes_the_same_path_and_a_short_run_does_
 
 def test_the_rules_constants_name_their_source_and_parse():
     data = json.loads(compiling.RULE_FILE.read_text())
-    assert {"command", "gpu", "torch", "commit", "date"} <= set(data)
+    assert "command" in data
+    assert all({"gpu", "torch", "commit", "date"} <= set(r["measured"]) for r in data["references"])
     refs = compiling.references()
     assert len(refs) == len(data["references"]) >= 3
     assert all(r.eager_ms > r.compiled_ms > 0 and r.compile_s > 0 for r in refs)
