@@ -12,14 +12,9 @@ GATE_MARGIN = 0.02       # the paper's gate gaps are 4.7-10% of its recall: 0.04
 EXPECT = {"keys": 0.2, "shared": 0.15, "read": 0.04, "none": 0.08, "write": 0.09}
 
 
-def _sse_rows(t: Table) -> dict:
-    """The committed run predates the attention control: its rows name no mixer, and every one is SSE."""
-    return {"model.mixer": "sse"} if any(r.get("model.mixer") for r in t.rows) else {}
-
-
 def _ablation(t: Table, key_map="softmax", shared=True, gate="write_read") -> Cell | None:
-    return t.cell(**_sse_rows(t), **{"model.sse.key_map": key_map, "model.sse.shared_params": shared,
-                                     "model.sse.gate": gate})
+    return t.cell(**{"model.mixer": "sse", "model.sse.key_map": key_map, "model.sse.shared_params": shared,
+                     "model.sse.gate": gate})
 
 
 def control(t: Table) -> Control:
