@@ -168,13 +168,3 @@ def test_the_rules_constants_name_their_source_and_parse():
 def test_a_missing_constants_file_is_one_line_naming_it(tmp_path):
     with pytest.raises(ValueError, match="compile_rule.json.*train.compile to true or false"):
         compiling.references(tmp_path / "compile_rule.json")
-
-
-def test_only_a_single_run_launches_its_kernels_early():
-    """Programmatic dependent launch made single steps faster and stacks of 9 slower on the H200
-    (results/throughput/bench_pdl.json): a step of one run compiles with it, a stack's without, and the
-    options otherwise agree."""
-    single, stack = compiling.options(1), compiling.options(9)
-    if "triton.enable_pdl" in single:                  # a torch that has the setting
-        assert single.pop("triton.enable_pdl") is True
-    assert "triton.enable_pdl" not in stack and single == stack

@@ -149,18 +149,17 @@ DETERMINISM = {"deterministic": True}
 # ``sum`` over a workspace, a launch each; off, they are reductions Inductor fuses with their neighbours.
 REDUCTIONS = {"triton.mix_order_reduction": False}
 
-# Programmatic dependent launch (Hopper and later): a kernel starts while the one before it ends and waits only
-# before it reads that one's output. It pays where kernels are short and launches dominate (a single run's step);
-# a stack's kernels are long, and early programs there only hold SMs (results/throughput/bench_pdl.json).
-LAUNCH = {"triton.enable_pdl": True}
+# Not set: programmatic dependent launch (``triton.enable_pdl``). It made a single run's GLA step 1.046x faster,
+# but Inductor's own launcher cannot launch such a kernel, and Triton then builds a C launcher with the host
+# compiler for each kernel signature: 5-7 s more on every cold start, which a GLA step repays only after about
+# 50,000 steps, attention's and Gated DeltaNet's never (results/throughput/README.md, "Start-up").
 
 
-def options(replicas: int = 1) -> dict:
-    """Inductor options of the step of ``replicas`` stacked runs (those this torch knows)."""
+def options() -> dict:
+    """Inductor options of the step (those this torch knows)."""
     from torch._inductor import config
     known = config.get_config_copy()            # every setting of this torch, nested ones by dotted name
-    launch = LAUNCH if replicas == 1 else {}
-    return {k: v for k, v in {**CONCAT_OPTIONS, **DETERMINISM, **REDUCTIONS, **launch}.items() if k in known}
+    return {k: v for k, v in {**CONCAT_OPTIONS, **DETERMINISM, **REDUCTIONS}.items() if k in known}
 
 
 @contextlib.contextmanager
@@ -186,7 +185,7 @@ RECOMPILE_LIMIT = 64
 _compiled_steps = 0
 
 
-def compiled(fn, replicas: int = 1):
+def compiled(fn):
     """``fn`` through ``torch.compile`` with the step's options (static shapes)."""
     global _compiled_steps
     if _compiled_steps >= RECOMPILE_LIMIT:
@@ -202,7 +201,7 @@ def compiled(fn, replicas: int = 1):
     dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
     dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
     _compiled_steps += 1
-    return torch.compile(fn, dynamic=False, options=options(replicas))
+    return torch.compile(fn, dynamic=False, options=options())
 
 
 # -- what torch's caches gave ------------------------------------------------------------------------------------

@@ -113,8 +113,8 @@ class Step:
     def compile_now(self) -> None:
         """Go on with the forward and backward compiled: the next step compiles them (or reuses a compilation of
         the same shapes) and a graph is captured anew."""
-        self.forward, self.compiled = compiling.compiled(self._losses, self.R), True
-        self.optimizer.compile(compiling.options(self.R))
+        self.forward, self.compiled = compiling.compiled(self._losses), True
+        self.optimizer.compile(compiling.options())
         self.graph, self.calls = None, 0
 
     @property
