@@ -86,8 +86,9 @@ def naive_sse(m: SSE, x):
             e = x[b, t] @ m.router.weight.T
             order = torch.argsort(e, descending=True)
             wset, rset = order[: cfg.k].tolist(), order[:k_read].tolist()
-            ww = e[wset].softmax(0) if cfg.gate in ("write", "write_read") else torch.full((cfg.k,), 1 / cfg.k)
-            rw = e[rset].softmax(0) if cfg.gate in ("read", "write_read") else torch.ones(k_read)
+            # the ICLR paper's gate: e_t = softmax(x_t W_e) over all N partitions, not renormalised
+            ww = e.softmax(0)[wset] if cfg.gate in ("write", "write_read") else torch.full((cfg.k,), 1 / cfg.k)
+            rw = e.softmax(0)[rset] if cfg.gate in ("read", "write_read") else torch.ones(k_read)
             g = None if p["g"] is None else p["g"][b, t]
             beta = None if p["beta"] is None else p["beta"][b, t]
             for j, i in enumerate(wset):
@@ -136,6 +137,22 @@ def test_masking_varlen_and_naive_loop_agree(case):
     assert all(n in names for n, _ in m.core.named_parameters(prefix="core"))
 
 
+def test_with_one_partition_selected_each_gate_is_its_own_model_and_trains_the_router():
+    """At k = 1 (the paper's n4k1 ablation) a gate that renormalised over the selected partitions would weigh
+    every token 1: all four gates would be one model, and the router would learn from the balance loss alone."""
+    x, w = inputs(B=2, T=12)
+    outs = {}
+    for gate in ("none", "write", "read", "write_read"):
+        m = make_sse(n=4, k=1, gate=gate, kernel="torch", balance_alpha=0.0)
+        y, _, grads = run(m, x, w)
+        outs[gate] = y
+        assert (gate == "none") == (grads.get("router.weight", torch.zeros(1)).abs().max() == 0), gate
+    for a in outs:
+        for b in outs:
+            if a < b:
+                assert (outs[a] - outs[b]).abs().max() > 1e-3, (a, b)
+
+
 def test_long_sequence_varlen_uses_several_chunks():
     x, w = inputs(B=1, T=200, seed=4)
     res = [run(make_sse(n=2, k=1, impl=impl, kernel="torch"), x, w) for impl in ("masking", "varlen")]
@@ -155,9 +172,10 @@ def test_unselected_partitions_untouched_and_final_state_layout():
     for i in range(4):
         block = S[:, :, i * m.K:(i + 1) * m.K]
         assert (block.abs().sum() > 0) == (i in chosen), f"partition {i}"
-    keys = cap["keys"]  # expanded keys: zero off the written partition, weight 1/k (k=1: sums to 1)
+    keys = cap["keys"]  # expanded keys: zero off the written partition, summing to its gate weight softmax(e_t)^i
     assert keys.shape == (1, 6, m.H, 5 * m.K)
-    torch.testing.assert_close(keys[..., : 4 * m.K].sum(-1), torch.ones(1, 6, m.H, dtype=torch.float64))
+    weight = (x @ m.router.weight.T).softmax(-1).max(-1).values  # k = 1 writes the top partition
+    torch.testing.assert_close(keys[..., : 4 * m.K].sum(-1), weight[..., None].expand(1, 6, m.H))
     assert cap["partition_weights"].shape == (1, 6, 4)
     assert torch.equal(cap["gates"] != 0, keys != 0), "decay exactly where written (expanded rows)"
 

@@ -57,7 +57,7 @@ class MoM(PartitionedMixer):
         self.shared_kv = Linear(d, H * (K + V), bias=False) if cfg.shared_memory else None
 
     def route(self, x):
-        return route(self.router(x), self.k, self.k, False, True, 1.0)
+        return route(self.router(x), self.k, self.k, False, True, 1.0, over_selected=True)
 
     def keys(self, logits):
         return self.key_norm(feature_map(self.q_feature, logits))

@@ -6,8 +6,8 @@ mixer). Per token: partition logits ``e_t = x_t W_e``, top-k partitions ``T_t`` 
 T_t, which equals ``softmax(x_t W_k) / k``: the bias only steers the selection (the paper's
 form, ``gate: none``). Only selected partitions are written and decayed:
     S_t^i = Lambda_t S_{t-1}^i + w_t^i k_t^T v_t   (i in T_t),    o_t = sum_{i in T'_t} r_t^i q_t S_t^i
-with w = 1/k, r = 1 (``gate: none``) or, in the ICLR form, w and/or r the softmax of e_t over
-the selected partitions (``gate: write | read | write_read``); with ``gate: none`` or ``read``
+with w = 1/k, r = 1 (``gate: none``) or, in the ICLR form, w and/or r = softmax(e_t)^i, the
+softmax over all N partitions (``gate: write | read | write_read``); with ``gate: none``
 W_e learns only through the balance loss. ``transition: gla`` uses GLA's diagonal gate,
 ``gated_deltanet`` the gated delta rule (SSE-GDN; there the partition weight scales beta).
 ``row_topk`` makes the update row-sparse inside the selected partitions (softmax over the top
@@ -219,7 +219,7 @@ class SSE(PartitionedMixer):
     def route(self, x):
         gate = self.cfg.gate
         return route(self.router(x), self.k, self.k_read, gate in ("write", "write_read"),
-                     gate in ("read", "write_read"), 1.0 / self.k)
+                     gate in ("read", "write_read"), 1.0 / self.k, over_selected=False)
 
     def key_map(self, logits):
         """Keys and the row mask (None: every row) of logits ``[..., K]``."""

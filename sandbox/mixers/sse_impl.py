@@ -47,19 +47,26 @@ class Routing:
 
 
 def route(logits: torch.Tensor, k: int, k_read: int, write_gate: bool, read_gate: bool,
-          ungated_write: float) -> Routing:
+          ungated_write: float, over_selected: bool) -> Routing:
     """Top-k partitions for writing and top-k' for reading from logits ``[B, T, N]``.
 
-    A gated side weighs its partitions by the softmax of the logits over that side's selected
-    partitions; an ungated side uses ``ungated_write`` (writes) or 1 (reads)."""
+    A gated side weighs its selected partitions by the softmax of the logits, taken over all N
+    partitions (SSE's e_t) or, with ``over_selected``, over that side's selected ones alone (MoM's
+    top-k-then-softmax); an ungated side uses ``ungated_write`` (writes) or 1 (reads). Over the
+    selected ones alone, a single selected partition always weighs 1: with k = 1 such a gate
+    would change nothing and pass the router no gradient."""
     top = logits.topk(max(k, k_read), dim=-1).indices
     # masks by comparison: vmap has no batching rule for scatter_ and would loop over a stack's replicas
     part = torch.arange(logits.shape[-1], device=logits.device)
     wmask, rmask = ((top[..., :n_sel, None] == part).any(-2) for n_sel in (k, k_read))
-    gated = lambda m: logits.masked_fill(~m, float("-inf")).softmax(-1)  # noqa: E731
+    probs = logits.softmax(-1)
+    if over_selected:
+        gated = lambda m: logits.masked_fill(~m, float("-inf")).softmax(-1)  # noqa: E731
+    else:
+        gated = lambda m: probs * m  # noqa: E731
     write = gated(wmask) if write_gate else wmask.to(logits.dtype) * ungated_write
     read = gated(rmask) if read_gate else rmask.to(logits.dtype)
-    return Routing(top[..., :k], wmask, write, rmask, read, logits.softmax(-1))
+    return Routing(top[..., :k], wmask, write, rmask, read, probs)
 
 
 def _weighted(q, k, v, g, beta, wmask, w, r):
