@@ -164,7 +164,7 @@ def test_a_sweep_directory_finds_its_figure_beside_its_sweep_file_in_itself_or_b
 COMMITTED = {
     "sse_state_scaling/conv": ["inconclusive"] * 6,
     "sse_state_scaling/no_conv": ["does not hold", "does not hold"] + ["inconclusive"] * 4,
-    "sse_ablations/run": ["inconclusive"] * 3,
+    "sse_ablations/pilot": ["inconclusive"] * 3,
     "sla_heads/run": ["inconclusive"],
 }
 
@@ -179,6 +179,19 @@ def test_the_committed_runs_give_the_verdicts_their_readme_prints(run):
     assert [c.verdict() for c in claims] == COMMITTED[run]
     assert not control.passes() and all(c is None for c in control.cells.values())   # the rerun adds it
     assert {c.selected_on for claim in claims for i in claim.items for c in cells_of(i)} == {"test"}
+
+
+def test_the_ablations_run_at_6000_steps_passes_its_control_and_decides_nothing():
+    """run/ (code ae5a6c5) chose rates on val; at k = 1 its gate rows were one model (the gate before c354c61), and
+    read and write-read, trained in one stack, gave the same accuracy seed by seed: the rule must not part them."""
+    control, claims = judge(FIGURES / "sse_ablations/run")
+    assert control.passes()
+    assert [c.verdict() for c in claims] == ["inconclusive"] * 3
+    assert {c.selected_on for claim in claims for i in claim.items for c in cells_of(i)} == {"val"}
+    gates = claims[2]
+    read = [i.labels[1] for i in gates.items].index("read")
+    assert gates.items[read].a.values == gates.items[read].b.values
+    assert gates.judged()[1][read] == "inconclusive"
 
 
 @pytest.mark.parametrize("figure", ["sse_state_scaling", "sse_ablations", "sla_heads"])
