@@ -190,8 +190,20 @@ def test_the_ablations_run_at_6000_steps_passes_its_control_and_decides_nothing(
     assert {c.selected_on for claim in claims for i in claim.items for c in cells_of(i)} == {"val"}
     gates = claims[2]
     read = [i.labels[1] for i in gates.items].index("read")
-    assert gates.items[read].a.values == gates.items[read].b.values
     assert gates.judged()[1][read] == "inconclusive"
+    assert [i.same_seed_by_seed() for i in gates.items] == [i == read for i in range(3)]
+    assert "Check: write_read - read: both sides gave the same accuracy seed by seed" in gates.markdown()
+
+
+def test_only_cells_equal_seed_by_seed_below_solved_are_flagged_as_one_model():
+    from sandbox.analysis.verdicts.claims import Cell, Item, Rule
+    rule = Rule("greater", 0.05)
+    item = lambda a, b, seeds=(0, 1, 2): Item("x", Cell(a, list(seeds)), Cell(b, list(seeds)), rule)  # noqa: E731
+    assert item([0.41, 0.97, 0.55], [0.41, 0.97, 0.55]).same_seed_by_seed()
+    assert not item([0.41, 0.97, 0.55], [0.41, 0.97, 0.56]).same_seed_by_seed()
+    assert not item([0.41, 0.97, 0.55], [0.97, 0.41, 0.55]).same_seed_by_seed()      # same values, other seeds
+    assert not item([1.0, 0.995, 1.0], [1.0, 0.995, 1.0]).same_seed_by_seed()         # solved twice: no sign
+    assert not item([0.41], [0.41], seeds=(0,)).same_seed_by_seed()
 
 
 @pytest.mark.parametrize("figure", ["sse_state_scaling", "sse_ablations", "sla_heads"])

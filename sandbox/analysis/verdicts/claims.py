@@ -193,6 +193,16 @@ class Item:
     def cells(self) -> list[Cell]:
         return [c for c in (self.a, self.b) if isinstance(c, Cell)]
 
+    def same_seed_by_seed(self) -> bool:
+        """Both sides are cells of two or more seeds with equal values per seed, not all of them solved (>= 0.99) or
+        0: two models rarely agree so to the last digit, one model trained twice with the same seed and arithmetic
+        does."""
+        a, b = self.a, self.b
+        if not (isinstance(a, Cell) and isinstance(b, Cell)) or a.n < 2 or sorted(a.seeds) != sorted(b.seeds):
+            return False
+        same = dict(zip(a.seeds, a.values)) == dict(zip(b.seeds, b.values))
+        return same and any(0 < v < 0.99 for v in a.values)
+
     def bounds(self) -> tuple[float, float]:
         """The range the effect can take (a difference of accuracies lies in [-1, 1])."""
         return (-1.0, 1.0) if isinstance(self.b, Cell) else (-math.inf, math.inf)
@@ -296,6 +306,10 @@ class Claim:
                                  + self._deciding(outcomes))
         if undecided:
             lines += ["", "Inconclusive: " + "; ".join(undecided) + "."]
+        twins = [i.name for i in self.items if isinstance(i, Item) and i.same_seed_by_seed()]
+        if twins:
+            lines += ["", f"Check: {', '.join(twins)}: both sides gave the same accuracy seed by seed, as one model "
+                          "trained twice does; two settings that should differ may compute the same thing."]
         return "\n".join(lines)
 
     def _deciding(self, outcomes: list[str]) -> str:
