@@ -5,6 +5,7 @@ K / V tiles, strong and weak decay, and packed segments (with empty ones) are al
 The same checks run on the GPU in ``sandbox bench kernels --check``.
 """
 import functools
+import json
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before the kernel modules are imported (their @triton.jit reads it)
@@ -431,3 +432,19 @@ def test_smallest_k_kernel_falls_back_when_too_few_pass(monkeypatch):
     # a threshold so low that most rows keep fewer than k candidates
     assert torch.equal(rng_triton.smallest_triton(a, b, 500, 12, mean=4.0), want)
     assert calls, "the fallback did not run"
+
+
+def test_the_triton_key_thread_fills_tritons_own_cache_with_its_own_key():
+    """A process that starts ``compute_soon`` finds Triton's installation key already computed when it asks, and
+    it is the key a process without the thread computes."""
+    import subprocess
+    import sys
+    probe = ("import json; from triton.runtime.cache import triton_key as k; from sandbox.kernels import triton_key\n"
+             "if {soon}: triton_key.compute_soon().join()\n"
+             "before = k.cache_info().misses; key = k()\n"
+             "print(json.dumps([key, k.cache_info().misses - before]))")
+    runs = [json.loads(subprocess.run([sys.executable, "-c", probe.format(soon=soon)], capture_output=True, text=True,
+                                      check=True).stdout) for soon in (True, False)]
+    (key_soon, computed_soon), (key_plain, computed_plain) = runs
+    assert key_soon == key_plain and len(key_plain) > 100
+    assert (computed_soon, computed_plain) == (0, 1)

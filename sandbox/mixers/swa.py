@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from sandbox.mixers.attention import causal_window_mask, masked_sdpa
 from sandbox.mixers.base import Linear, Mixer, MixerContext, register
@@ -210,6 +209,9 @@ class ChosenBlocks:
 def block_mask(pattern, t: int) -> BlockMask:
     """FlexAttention's block mask of ``pattern`` over ``t`` tokens: the tiles some query sees, those it sees
     whole kept apart (their ``mask_mod`` is skipped), as index lists of fixed length."""
+    # imported here, not with the module: FlexAttention imports sympy and torch's symbolic shapes, 0.3-0.7 s
+    # that every command importing the mixers would wait for, while only a compiled step uses it
+    from torch.nn.attention.flex_attention import BlockMask
     some, every = pattern.tiles()
     if every is None:
         every = torch.zeros_like(some)
@@ -228,6 +230,7 @@ def block_mask(pattern, t: int) -> BlockMask:
 
 def flex_attend(q, k, v, pattern) -> torch.Tensor:
     """FlexAttention on ``[b, h, t, dh]`` inputs under ``pattern``."""
+    from torch.nn.attention.flex_attention import flex_attention
     return flex_attention(q, k, v, block_mask=block_mask(pattern, q.shape[-2]))
 
 

@@ -12,6 +12,7 @@ import json
 import torch
 
 from sandbox.config import RunConfig, to_dict
+from sandbox.kernels import triton_key
 from sandbox.model import LanguageModel
 from sandbox.tasks import TrainBatches, make_task
 import sandbox.train.compile as compiling
@@ -90,6 +91,7 @@ class Group:
         self.device = device = resolve_device(tc.device)
         if device.type == "cuda":   # cuDNN's conv1d weight gradient in a fixed order, so a run repeats
             torch.backends.cudnn.deterministic = True
+            triton_key.compute_soon()
         built = [build(c, device) for c in cfgs]
         self.tasks, self.models = [b[0] for b in built], [b[1] for b in built]
         if tc.precision == "fp64":

@@ -189,10 +189,10 @@ class Step:
                               enabled=self.autocast_dtype is not None, cache_enabled=self.capture_after is None)
 
     def attention_backends(self):
-        """vmap has no batching rule for the fused attention kernels: it runs them once per replica, which
-        cuDNN's kernel does not support (optional outputs); flash and memory-efficient do."""
-        if self.R == 1:
-            return contextlib.nullcontext()
+        """SDPA's flash and memory-efficient kernels, not cuDNN's, which torch prefers on Hopper: cuDNN's compiles
+        its kernel at run time at the first call of a shape (1.4 s of a cold start of Zoology's attention run on
+        an H200, cProfile, 2026-11-29), and under vmap, which runs a fused kernel once per replica, it fails
+        (optional outputs)."""
         from torch.nn.attention import SDPBackend, sdpa_kernel
         return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
