@@ -89,9 +89,9 @@ class Group:
     def __init__(self, cfgs: list[RunConfig], stack: int | None = None):
         tc = cfgs[0].train
         self.device = device = resolve_device(tc.device)
-        if device.type == "cuda":   # cuDNN's conv1d weight gradient in a fixed order, so a run repeats
-            torch.backends.cudnn.deterministic = True
-            triton_key.compute_soon()
+        if device.type == "cuda":
+            torch.backends.cudnn.deterministic = True   # cuDNN's conv1d weight gradient in a fixed order: runs repeat
+            triton_key.compute_soon()                   # overlaps building the models (see triton_key.py)
         built = [build(c, device) for c in cfgs]
         self.tasks, self.models = [b[0] for b in built], [b[1] for b in built]
         if tc.precision == "fp64":
