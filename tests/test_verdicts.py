@@ -165,7 +165,6 @@ COMMITTED = {
     "sse_state_scaling/conv": ["inconclusive"] * 6,
     "sse_state_scaling/no_conv": ["does not hold", "does not hold"] + ["inconclusive"] * 4,
     "sse_ablations/pilot": ["inconclusive"] * 3,
-    "sla_heads/run": ["inconclusive"],
 }
 
 
@@ -193,6 +192,16 @@ def test_the_ablations_rerun_so_far_decides_nothing_and_says_what_has_not_run():
     assert (keys.a.n, keys.b.n) == (3, 3) and {keys.a.selected_on, keys.b.selected_on} == {"val"}
     assert not keys.same_seed_by_seed()
     assert all(i.b is None for claim in claims[1:] for i in claim.items)
+
+
+def test_the_sla_rerun_so_far_passes_its_control_and_has_not_run_the_gain():
+    """run/ (60 of 180 trials): the control's 3 seeds at each head count, chosen on val, every one above 0.99;
+    GLA's seeds 0-2 at 4 and 8 heads; no SLA cell, so the claim's one item has not run and says so."""
+    control, (claim,) = judge(FIGURES / "sla_heads/run")
+    assert control.passes()
+    assert [(c.n, c.selected_on) for c in control.cells.values()] == [(3, "val")] * 3
+    assert all(min(c.values) >= 0.99 for c in control.cells.values())
+    assert claim.verdict() == "inconclusive" and "inconclusive: 1 of 1 item not run yet" in claim.markdown()
 
 
 def test_only_cells_equal_seed_by_seed_below_solved_are_flagged_as_one_model():
