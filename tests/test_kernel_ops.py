@@ -383,6 +383,27 @@ def test_cross_entropy_kernel_equals_a_float64_loop(dtype, V, bv):
     torch.testing.assert_close(lse.double(), torch.logsumexp(logits.double(), -1), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype,V,bv", [(torch.float32, 300, 128), (torch.bfloat16, 512, 512), (torch.float32, 77, None)])
+def test_cross_entropy_gradient_kernel_equals_float64_autograd(dtype, V, bv):
+    """The backward kernel against autograd of F.cross_entropy in float64, each row weighted by its own upstream
+    gradient: tiles of 128 over V 300 (the last part empty), ignored rows all zero, a row whose target is last."""
+    from sandbox.kernels.triton_cross_entropy import cross_entropy_grad_triton, cross_entropy_rows_triton
+    g_ = torch.Generator().manual_seed(V + 1)
+    logits = (3 * torch.randn(7, V, generator=g_)).to(dtype)
+    target = torch.randint(0, V, (7,), generator=g_)
+    target[[1, 4]] = -100
+    target[2] = V - 1
+    w = torch.rand(7, generator=g_)
+    ref_in = logits.double().requires_grad_()
+    (F.cross_entropy(ref_in, target, ignore_index=-100, reduction="none") * w.double()).sum().backward()
+    _, lse = cross_entropy_rows_triton(logits, target, -100, bv=bv, warps=4)
+    grad = cross_entropy_grad_triton(logits, target, lse, w, -100, bv=bv, warps=4)
+    assert grad.dtype == dtype and grad.shape == logits.shape
+    assert (grad[[1, 4]] == 0).all()
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(grad.double(), ref_in.grad, rtol=tol, atol=tol)
+
+
 def test_cross_entropy_op_equals_torchs_loss_with_its_gradient_also_compiled():
     """Values and the logits' gradient against F.cross_entropy in float64, eagerly and through
     torch.compile (which traces the op's torch backward), with ignored rows and an upstream weight per row."""
@@ -409,3 +430,6 @@ def test_cross_entropy_op_passes_opcheck():
     target = torch.tensor([1, -100, 3, 9, 0, 2])
     torch.library.opcheck(torch.ops.sandbox.cross_entropy.default, (logits, target),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    lse = torch.logsumexp(logits.detach(), -1)
+    torch.library.opcheck(torch.ops.sandbox.cross_entropy_grad.default, (logits.detach(), target, lse, torch.rand(6)),
+                          test_utils=("test_schema", "test_faketensor"))
