@@ -12,7 +12,8 @@
 #                            every Triton kernel family against its float64 reference on this GPU, then the
 #                            GPU-only tests (CUDA graph = eager, stacked replicas = solo runs in bf16, kernel
 #                            tiles that Triton 3.6 miscompiles on Hopper, the fig8 compare preset's control
-#                            learning); `families` or `tests` runs one half,
+#                            learning, the uncompiled step's fused norms and activations); `families` or `tests`
+#                            runs one half,
 #                            PYTEST_ARGS only those tests
 #   bench-kernels [ARGS]     `sandbox bench kernels --check ARGS` (fla beside ours where it is installed)
 #   bench-train [ARGS]       `sandbox bench train ARGS`, against another commit's code when REF is set
@@ -75,7 +76,7 @@ env)
     ;;
 checks)
     tests=(tests/test_mqar.py tests/test_graph_step.py tests/test_replicas.py tests/test_recurrence.py tests/test_kernel_grids.py
-           tests/test_gla_small_heads.py tests/test_compare.py)
+           tests/test_gla_small_heads.py tests/test_compare.py tests/test_fused_model.py)
     only=
     case "${1:-}" in
         families) only=families ;;

@@ -8,6 +8,9 @@ from torch import nn
 
 from sandbox.config import ModelConfig
 from sandbox.kernels.embedding import embedding
+from sandbox.kernels.library import use_fused
+from sandbox.kernels.norm import norm_cast
+from sandbox.kernels.swiglu import swiglu
 from sandbox.mixers import Mixer, MixerContext, build_mixer
 from sandbox.mixers.base import Linear, gather_rows
 
@@ -24,15 +27,24 @@ class SwiGLU(nn.Module):
         self.down = Linear(hidden, d_model, bias=False)
 
     def forward(self, x):
-        a, b = self.up(x).chunk(2, dim=-1)
+        u = self.up(x)
+        if use_fused(u):
+            return self.down(swiglu(u))
+        a, b = u.chunk(2, dim=-1)
         return self.down(F.silu(a) * b)
 
 
-def autocast_input(h: torch.Tensor) -> torch.Tensor:
-    """Under autocast the norms return float32 and every Linear of a mixer would cast that input
-    to bf16 on its own (five times in GLA, and five casts back in the backward): cast once."""
-    dev = h.device.type
-    return h.to(torch.get_autocast_dtype(dev)) if torch.is_autocast_enabled(dev) else h
+def normed(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)`` in the dtype the matrix products after it compute in. Under autocast a norm returns float32
+    and every Linear of a mixer would cast that to bf16 on its own (five times in GLA, and five casts back in
+    the backward): cast once, or, where ``use_fused``, have the norm's one kernel write bf16."""
+    dev = x.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    if use_fused(x):
+        rms = isinstance(norm, nn.RMSNorm)
+        eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
+        return norm_cast(x, norm.weight, None if rms else norm.bias, eps, rms, dtype)
+    return norm(x).to(dtype)
 
 
 class Block(nn.Module):
@@ -47,13 +59,13 @@ class Block(nn.Module):
         """``positions`` (int64 ``[B, P]``): return only those rows (the last block, under a head that reads a
         few positions per sequence). The mixer still sees every position, but what works per token (the
         residual, the channel mixer and its norm, the mixer's own per-token end) runs on the P rows alone."""
-        h = autocast_input(self.norm1(x))
+        h = normed(self.norm1, x)
         if positions is None:
             x = x + self.mixer(h)
         else:
             x = gather_rows(x, positions) + self.mixer.forward_at(h, positions)
         if self.mlp is not None:
-            x = x + self.mlp(autocast_input(self.norm2(x)))
+            x = x + self.mlp(normed(self.norm2, x))
         return x
 
 
@@ -96,7 +108,7 @@ class LanguageModel(nn.Module):
         for block in self.blocks[:-1]:
             x = block(x)
         x = self.blocks[-1](x, positions)
-        return self.norm(x) @ self.embed.weight.t()
+        return normed(self.norm, x) @ self.embed.weight.t()
 
     def aux_loss(self) -> torch.Tensor | None:
         losses = [l for l in (m.aux_loss() for m in self.mixers) if l is not None]

@@ -43,3 +43,11 @@ def op(name: str, schema: str | None = None, tags: tuple = ()):
         LIB.impl(short, fn, "CompositeExplicitAutograd")
         return Op(name)
     return define
+
+
+def use_fused(x: torch.Tensor) -> bool:
+    """Whether a model's elementwise chains (its norms, SwiGLU, a linear mixer's output norm and gate) run as the
+    ``sandbox::`` ops of one Triton kernel each way rather than as torch's chain of kernels: on CUDA, in the
+    uncompiled step (torch.compile fuses the chains itself, with their neighbours) and outside vmap (stacked
+    replicas; the ops have no vmap rule)."""
+    return x.is_cuda and not torch.compiler.is_compiling() and not torch._C._functorch.is_batchedtensor(x)

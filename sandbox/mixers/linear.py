@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from sandbox.kernels import IMPLS, linear_recurrence
+from sandbox.kernels.library import use_fused
+from sandbox.kernels.rms_gate import rms_gate
 from sandbox.kernels.short_conv import short_conv
 from sandbox.kernels.split_linear import split_linear
 from sandbox.mixers.base import Linear, Mixer, MixerContext, gather_rows
@@ -276,6 +278,8 @@ class LinearMixer(Mixer):
     def finish(self, o: torch.Tensor, x: torch.Tensor, p: dict) -> torch.Tensor:
         """Per-head output norm, output gate, output projection."""
         cfg = self.cfg
+        if cfg.output_norm == "rms" and use_fused(o):
+            return self.o_proj(rms_gate(o, self.norm_weight, p.get("og"), 1e-6))
         if cfg.output_norm == "rms":
             o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-6) * self.norm_weight
         elif cfg.output_norm == "layer":
