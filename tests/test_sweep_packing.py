@@ -8,6 +8,7 @@ import textwrap
 import time
 
 from sandbox.sweep import packing
+from sandbox.train.mps import MPS
 from sandbox.sweep.spec import load_sweep
 
 
@@ -92,7 +93,7 @@ def test_stack_size_counts_the_trials_that_share_every_shape(tmp_path):
 
 def test_mps_that_cannot_start_says_why(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))                      # no nvidia-cuda-mps-control on it
-    mps = packing.MPS(tmp_path)
+    mps = MPS(tmp_path)
     assert mps.start() is False and "not installed" in mps.reason
     mps.stop()                                                      # harmless when it never ran
 

@@ -15,9 +15,9 @@ lies within the margin of chance learned nothing at this budget, and the report 
 be told apart. ``report`` is that part alone, a pure function of the values.
 
 A variant's seeds differ only in seed, so they train as one stack (``train_replicas``: one start-up, one
-compilation; one after another where a mixer cannot stack). On a GPU the two variants train side by side, B in a
-process of its own (``jobs``: 1 for one after the other); each variant's line says where its time went: start-up,
-compilation, training and evaluation.
+compilation; one after another where a mixer cannot stack). On a GPU the two variants train side by side, each in
+a process of its own, on one GPU under CUDA MPS (``jobs``: 1 for one after the other); each variant's line says
+where its time went: start-up, compilation, training and evaluation.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from pathlib import Path
 from sandbox.analysis import stats
 from sandbox.analysis.verdicts.checks import still_improving
 from sandbox.config import config_from_dict, parse_override, read_yaml, set_dotted, to_dict
+from sandbox.train.mps import MPS
 
 # A preset is a base run on which a control learns within the preset's own budget, so that a variant at chance
 # says something about that variant, not about the budget.
@@ -131,19 +132,41 @@ def _phases(results: list[dict]) -> dict:
     return {k: sum(p[k] for p in got) if k == "eval" or not stacked else max(p[k] for p in got) for k in keys}
 
 
-def _train_variants(runs: list[list[tuple]], jobs: int, progress: bool) -> list[tuple[list[dict], float]]:
-    """Each variant's ``(results, seconds)``; with ``jobs`` 2, B in a process of its own while A trains here."""
+def _train_variants(runs: list[list[tuple]], jobs: int, progress: bool, root: Path,
+                    log=print) -> list[tuple[list[dict], float]]:
+    """Each variant's ``(results, seconds)``; with ``jobs`` 2, each in a process of its own, side by side: on two
+    GPUs where there are two, else both on one under a private CUDA MPS daemon (in ``root``), which lets the two
+    share the GPU's units rather than take turns. This process never uses CUDA then, so that it is no client of
+    the daemon it stops at the end."""
     def args(variant):
         return [cfg for _, cfg, _ in variant], [d for _, _, d in variant]
 
     if jobs == 1:
         return [_train_variant(*args(v), progress) for v in runs]
     import torch
-    gpu = 1 if torch.cuda.device_count() > 1 else 0
-    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=_use_gpu, initargs=(gpu,)) as pool:
-        b = pool.submit(_train_variant, *args(runs[1]), False)
-        a = _train_variant(*args(runs[0]), progress)
-        return [a, b.result()]
+    n = torch.cuda.device_count()              # counted through NVML: CUDA stays untouched here
+    gpus = (0, 1) if n > 1 else (0, 0)
+    mps = MPS(root) if n == 1 else None
+    if mps is not None and not mps.start():
+        log(f"  (CUDA MPS is unavailable: {mps.reason}; the two variants take turns on the GPU)")
+        mps = None
+    saved = {k: os.environ.get(k) for k in (mps.env if mps else {})}
+    os.environ.update(mps.env if mps else {})         # the spawned processes' environment: MPS clients
+    try:
+        pools = [ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=_use_gpu, initargs=(g,))
+                 for g in gpus]
+        with pools[0], pools[1]:
+            futures = [pool.submit(_train_variant, *args(v), progress and i == 0)
+                       for i, (pool, v) in enumerate(zip(pools, runs))]
+            return [f.result() for f in futures]
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+        if mps is not None:
+            mps.stop()
 
 
 def chance_of(task: dict) -> float:
@@ -290,7 +313,7 @@ def compare(a: str, b: str, seeds: int = 5, task: str = "tiny", sets=(), set_a=(
             runs[vi].append((d["seed"], to_dict(cfg), str(root / f"{'AB'[vi]}-{_slug(label)}" / f"seed{d['seed']}")))
     if jobs is None:
         import torch
-        jobs = 2 if torch.cuda.is_available() else 1
+        jobs = 2 if torch.cuda.device_count() else 1     # NVML's count: no CUDA context in this process
     together = "side by side" if jobs > 1 else "one after the other"
     log(f"compare: {variants[0][0]}  vs  {variants[1][0]}  ({seeds} seeds each, each variant's seeds as one stack, "
         f"the variants {together}) -> {root}")
@@ -303,7 +326,7 @@ def compare(a: str, b: str, seeds: int = 5, task: str = "tiny", sets=(), set_a=(
             for tag, w, c in zip("AB", what, chances):
                 log(f"  {key} of {tag}: {w[key]}" + (f"; chance {c:.3f}" if key == "task" else ""))
     t0 = time.perf_counter()
-    trained = _train_variants(runs, min(jobs, 2), progress)
+    trained = _train_variants(runs, min(jobs, 2), progress, root, log)
     for (label, _), variant, (results, seconds) in zip(variants, runs, trained):
         p = _phases(results)
         log(f"  {label}: {seconds:.1f} s: start-up {p['startup']:.1f} s, compilation (the first steps) "

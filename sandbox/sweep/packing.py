@@ -26,15 +26,13 @@ the limit stops it with checkpoints for the next launch (worker.py). Under a lim
 per GPU unless told otherwise: another one sharing the GPU would slow the stacks each sized to the limit, so that
 none finishes in time (results/sweep_packing/README.md).
 
-``MPS`` starts a private MPS control daemon (its own pipe and log directories inside the sweep
-directory, so it touches no other user of the GPU) and stops it when the sweep ends.
+The runner starts a private MPS control daemon (``sandbox.train.mps``, its pipe and log directories inside the
+sweep directory) and stops it when the sweep ends.
 """
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -53,47 +51,6 @@ UNKNOWN_SLOWER = 2.0          # a kind of stack never measured is taken as this 
 EXIT_TIME_LIMIT = 76          # a worker's exit code: trials are waiting, but none finishes before the limit
 EXIT_MEMORY = 77              # a worker's exit code: out of GPU memory that other workers held; run one fewer
 HEADROOM = 1.5                # another worker starts only where this many workers' average memory is free
-
-
-class MPS:
-    """A private CUDA MPS control daemon for the sweep's worker processes."""
-
-    def __init__(self, sweep_dir: Path):
-        self.root = Path(sweep_dir) / "mps"
-        self.env = {"CUDA_MPS_PIPE_DIRECTORY": str(self.root / "pipe"),
-                    "CUDA_MPS_LOG_DIRECTORY": str(self.root / "log")}
-        self.running = False
-        self.reason = ""
-
-    def start(self) -> bool:
-        """Start the daemon; False (and ``reason``) where MPS is not available here."""
-        binary = shutil.which("nvidia-cuda-mps-control")
-        if binary is None:
-            self.reason = "nvidia-cuda-mps-control is not installed"
-            return False
-        for d in self.env.values():
-            Path(d).mkdir(parents=True, exist_ok=True)
-        try:
-            p = subprocess.run([binary, "-d"], env={**os.environ, **self.env}, capture_output=True, text=True,
-                               timeout=30)
-        except (OSError, subprocess.SubprocessError) as e:
-            self.reason = f"nvidia-cuda-mps-control -d failed: {e}"
-            return False
-        if p.returncode:
-            self.reason = f"nvidia-cuda-mps-control -d exited {p.returncode}: {(p.stderr or p.stdout).strip()[:200]}"
-            return False
-        self.running = True
-        return True
-
-    def stop(self) -> None:
-        if not self.running:
-            return
-        try:
-            subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", env={**os.environ, **self.env},
-                           capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.SubprocessError):
-            pass
-        self.running = False
 
 
 def underfilled(samples: list[dict], times: list[float], gpu: int, now: float, window_s: float = WINDOW_S,

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandbox.train.files import write_json
+from sandbox.train.mps import MPS
 from sandbox.sweep import packing
 from sandbox.sweep.storage import DEFAULT_TIMEOUT_S, EXIT_STORAGE, StorageUnavailable
 from sandbox.sweep.study import (adopt_base, enqueue_points, open_storage, prepare_study, reap, trials_in,
@@ -91,7 +92,7 @@ class Plan:
     it adds workers to a GPU that stays underfilled, the time limit, and each worker's CPU threads."""
     slots: list
     stack: int
-    mps: packing.MPS | None
+    mps: MPS | None
     grow: bool
     until: float | None
     threads: int
@@ -177,7 +178,7 @@ def _plan(spec, sweep_dir, gpus, workers, workers_per_gpu, stack, time_limit, co
                      "slow the stacks each sized to the limit; --workers-per-gpu N to pack anyway)")
         workers_per_gpu = 1
     if gpus and (workers_per_gpu is None or workers_per_gpu > 1) and not workers:
-        mps = packing.MPS(sweep_dir)
+        mps = MPS(sweep_dir)
         if not mps.start():
             if workers_per_gpu:
                 console.print(f"packing: CUDA MPS is unavailable ({mps.reason}): one worker per GPU, since "
