@@ -16,21 +16,17 @@ from __future__ import annotations
 
 import torch
 
-from sandbox.kernels.library import op
+from sandbox.kernels.library import on_triton, op, work_dtype
 
 IGNORE = -100
 
 
-def _work(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.float32)
-
-
 @op("sandbox::cross_entropy")
 def _op(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if logits.is_cuda and logits.dtype != torch.float64:
+    if on_triton(logits):
         from sandbox.kernels.triton_cross_entropy import cross_entropy_rows_triton   # Triton only where it runs
         return cross_entropy_rows_triton(logits, target, IGNORE)
-    x = logits.to(_work(logits.dtype))
+    x = logits.to(work_dtype(logits.dtype))
     lse = torch.logsumexp(x, -1)
     keep = target != IGNORE
     picked = x.gather(1, torch.where(keep, target, 0)[:, None])[:, 0]
@@ -40,13 +36,13 @@ def _op(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch
 @_op.register_fake
 def _op_fake(logits, target):
     n = logits.shape[0]
-    dt = _work(logits.dtype)
+    dt = work_dtype(logits.dtype)
     return logits.new_empty(n, dtype=dt), logits.new_empty(n, dtype=dt)
 
 
 @op("sandbox::cross_entropy_grad")
 def _grad(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    if logits.is_cuda and logits.dtype != torch.float64:
+    if on_triton(logits):
         from sandbox.kernels.triton_cross_entropy import cross_entropy_grad_triton
         return cross_entropy_grad_triton(logits, target, lse, g, IGNORE)
     cols = torch.arange(logits.shape[1], device=logits.device)

@@ -45,6 +45,18 @@ def op(name: str, schema: str | None = None, tags: tuple = ()):
     return define
 
 
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype an elementwise op computes in: float32, or float64 for float64 inputs (the torch form, which the
+    kernels are tested against in float64)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def on_triton(x: torch.Tensor) -> bool:
+    """Whether an op's Triton kernel takes ``x``: on CUDA, in a 16- or 32-bit float (they compute in float32;
+    float64 keeps the torch form)."""
+    return x.is_cuda and x.dtype != torch.float64
+
+
 def use_fused(x: torch.Tensor) -> bool:
     """Whether a model's elementwise chains (its norms, SwiGLU, a linear mixer's output norm and gate) run as the
     ``sandbox::`` ops of one Triton kernel each way rather than as torch's chain of kernels: on CUDA, in the

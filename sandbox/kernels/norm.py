@@ -19,15 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from sandbox.kernels.library import op
-
-
-def _work(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.float32)
-
-
-def _triton(x: torch.Tensor) -> bool:
-    return x.is_cuda and x.dtype != torch.float64
+from sandbox.kernels.library import on_triton, op, work_dtype
 
 
 @op("sandbox::norm")
@@ -35,11 +27,11 @@ def _op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: f
         out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [N, D]: (y [N, D] in ``out_dtype``, mean [N], rstd [N]); mean is empty for RMS (an op returns no
     optional tensors)."""
-    if _triton(x):
+    if on_triton(x):
         from sandbox.kernels.triton_norm import norm_forward   # Triton only where it runs
         y, mean, rstd = norm_forward(x, weight, bias, eps, rms, out_dtype)
         return y, mean if mean is not None else rstd.new_empty(0), rstd
-    xc = x.to(_work(x.dtype))
+    xc = x.to(work_dtype(x.dtype))
     mean = xc.new_empty(0) if rms else xc.mean(-1)
     if not rms:
         xc = xc - mean[:, None]
@@ -52,7 +44,7 @@ def _op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: f
 
 @_op.register_fake
 def _op_fake(x, weight, bias, eps, rms, out_dtype):
-    n, dt = x.shape[0], _work(x.dtype)
+    n, dt = x.shape[0], work_dtype(x.dtype)
     return x.new_empty(x.shape, dtype=out_dtype), x.new_empty(0 if rms else n, dtype=dt), x.new_empty(n, dtype=dt)
 
 
@@ -60,7 +52,7 @@ def _op_fake(x, weight, bias, eps, rms, out_dtype):
 def _grad_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
              rms: bool, has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx in x's dtype, dw, db in rstd's dtype); db is empty without a bias."""
-    if _triton(x):
+    if on_triton(x):
         from sandbox.kernels.triton_norm import norm_backward
         dx, dw, db = norm_backward(dy, x, weight, None if rms else mean, rstd, rms, has_bias)
         return dx, dw, db if db is not None else dw.new_empty(0)
@@ -94,7 +86,6 @@ def _backward(ctx, dy, _mean, _rstd):
 
 
 _op.register_autograd(_backward, setup_context=_setup)
-
 
 
 def norm_cast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, rms: bool,

@@ -22,24 +22,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sandbox.kernels.library import op
-
-
-def _work(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.float32)
-
-
-def _triton(o: torch.Tensor) -> bool:
-    return o.is_cuda and o.dtype != torch.float64
+from sandbox.kernels.library import on_triton, op, work_dtype
 
 
 @op("sandbox::rms_gate")
 def _op(o: torch.Tensor, weight: torch.Tensor, og: torch.Tensor | None, eps: float,
         dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    if _triton(o):
+    if on_triton(o):
         from sandbox.kernels.triton_rms_gate import rms_gate_triton   # Triton only where it runs
         return rms_gate_triton(o, weight, og, eps, dtype)
-    x = o.to(_work(o.dtype))
+    x = o.to(work_dtype(o.dtype))
     rstd = torch.rsqrt(x.pow(2).mean(-1) + eps)
     y = (x * rstd[..., None] * weight.to(x.dtype)).flatten(-2)
     if og is not None:
@@ -50,14 +42,14 @@ def _op(o: torch.Tensor, weight: torch.Tensor, og: torch.Tensor | None, eps: flo
 @_op.register_fake
 def _op_fake(o, weight, og, eps, dtype):
     y = o.new_empty(*o.shape[:-2], o.shape[-2] * o.shape[-1], dtype=dtype)
-    return y, o.new_empty(o.shape[:-1], dtype=_work(o.dtype))
+    return y, o.new_empty(o.shape[:-1], dtype=work_dtype(o.dtype))
 
 
 @op("sandbox::rms_gate_grad")
 def _grad_op(dy: torch.Tensor, o: torch.Tensor, weight: torch.Tensor, og: torch.Tensor | None,
              rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(d_o, dw, d_og): d_og is empty without a gate (an op returns no optional tensors)."""
-    if _triton(o):
+    if on_triton(o):
         from sandbox.kernels.triton_rms_gate import rms_gate_grad_triton
         do, dw, dog = rms_gate_grad_triton(dy, o, weight, og, rstd)
     else:
@@ -94,7 +86,6 @@ def _backward(ctx, dy, _):
 
 
 _op.register_autograd(_backward, setup_context=_setup)
-
 
 
 def rms_gate(o: torch.Tensor, weight: torch.Tensor, og: torch.Tensor | None = None,

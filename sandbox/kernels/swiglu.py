@@ -15,23 +15,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sandbox.kernels.library import op
-
-
-def _work(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.float32)
-
-
-def _triton(u: torch.Tensor) -> bool:
-    return u.is_cuda and u.dtype != torch.float64   # the kernels compute in float32
+from sandbox.kernels.library import on_triton, op, work_dtype
 
 
 @op("sandbox::swiglu")
 def _op(u: torch.Tensor) -> torch.Tensor:
-    if _triton(u):
+    if on_triton(u):
         from sandbox.kernels.triton_swiglu import swiglu_forward   # Triton only where it runs
         return swiglu_forward(u)
-    a, b = u.to(_work(u.dtype)).chunk(2, dim=-1)
+    a, b = u.to(work_dtype(u.dtype)).chunk(2, dim=-1)
     return (F.silu(a) * b).to(u.dtype)
 
 
@@ -42,10 +34,10 @@ def _op_fake(u):
 
 @op("sandbox::swiglu_grad")
 def _grad(dh: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    if _triton(u):
+    if on_triton(u):
         from sandbox.kernels.triton_swiglu import swiglu_backward
         return swiglu_backward(dh, u)
-    a, b = u.to(_work(u.dtype)).chunk(2, dim=-1)
+    a, b = u.to(work_dtype(u.dtype)).chunk(2, dim=-1)
     g = dh.to(a.dtype)
     s = torch.sigmoid(a)
     return torch.cat([g * b * s * (1 + a * (1 - s)), g * a * s], dim=-1).to(u.dtype)
@@ -66,7 +58,6 @@ def _backward(ctx, dh):
 
 
 _op.register_autograd(_backward, setup_context=_setup)
-
 
 
 def swiglu(u: torch.Tensor) -> torch.Tensor:

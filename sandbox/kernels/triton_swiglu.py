@@ -19,7 +19,8 @@ WARPS = 4
 
 
 @triton.jit
-def _forward(u, h, N, H, su, BR: tl.constexpr, BH: tl.constexpr):
+def _tile(u, N, H, su, BR: tl.constexpr, BH: tl.constexpr):
+    """This program's tile: its rows (int64, as a column), columns, mask, and both halves of u in float32."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     cols = tl.program_id(1) * BH + tl.arange(0, BH)
     m = (rows < N)[:, None] & (cols < H)[None, :]
@@ -27,19 +28,19 @@ def _forward(u, h, N, H, su, BR: tl.constexpr, BH: tl.constexpr):
     pa = u + r * su + cols[None, :]
     a = tl.load(pa, mask=m, other=0.0).to(tl.float32)
     b = tl.load(pa + H, mask=m, other=0.0).to(tl.float32)
+    return r, cols, m, a, b
+
+
+@triton.jit
+def _forward(u, h, N, H, su, BR: tl.constexpr, BH: tl.constexpr):
+    r, cols, m, a, b = _tile(u, N, H, su, BR, BH)
     out = a * tl.sigmoid(a) * b
     tl.store(h + r * H + cols[None, :], out.to(h.dtype.element_ty), mask=m)
 
 
 @triton.jit
 def _backward(dh, u, du, N, H, sd, su, BR: tl.constexpr, BH: tl.constexpr):
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    cols = tl.program_id(1) * BH + tl.arange(0, BH)
-    m = (rows < N)[:, None] & (cols < H)[None, :]
-    r = rows.to(tl.int64)[:, None]
-    pa = u + r * su + cols[None, :]
-    a = tl.load(pa, mask=m, other=0.0).to(tl.float32)
-    b = tl.load(pa + H, mask=m, other=0.0).to(tl.float32)
+    r, cols, m, a, b = _tile(u, N, H, su, BR, BH)
     g = tl.load(dh + r * sd + cols[None, :], mask=m, other=0.0).to(tl.float32)
     s = tl.sigmoid(a)
     da = g * b * s * (1 + a * (1 - s))
