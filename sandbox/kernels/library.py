@@ -32,6 +32,21 @@ class Op:
         torch.library.register_vmap(self.name, fn, lib=LIB)
         return fn
 
+    def vmap_per_replica(self) -> None:
+        """Under vmap (stacked replicas), run the op once per slice of the vmapped dimension and stack its
+        outputs: each replica has weights of its own, which a kernel over rows cannot take. ``unbind`` and
+        ``stack`` are views and one copy each way in autograd (selecting each slice would give every input's
+        gradient R full-size pieces to sum)."""
+        def rule(info, in_dims, *args):
+            cols = [a.movedim(d, 0).unbind(0) if d is not None else (a,) * info.batch_size
+                    for a, d in zip(args, in_dims)]
+            outs = [self(*one) for one in zip(*cols)]
+            if isinstance(outs[0], torch.Tensor):
+                return torch.stack(outs), 0
+            stacked = tuple(torch.stack(o) for o in zip(*outs))
+            return stacked, (0,) * len(stacked)
+        self.register_vmap(rule)
+
 
 def op(name: str, schema: str | None = None, tags: tuple = ()):
     """Decorator: define ``name`` (``sandbox::NAME``) with ``schema`` (else read from the function's annotations, as
@@ -60,6 +75,6 @@ def on_triton(x: torch.Tensor) -> bool:
 def use_fused(x: torch.Tensor) -> bool:
     """Whether a model's elementwise chains (its norms, SwiGLU, a linear mixer's output norm and gate) run as the
     ``sandbox::`` ops of one Triton kernel each way rather than as torch's chain of kernels: on CUDA, in the
-    uncompiled step (torch.compile fuses the chains itself, with their neighbours) and outside vmap (stacked
-    replicas; the ops have no vmap rule)."""
-    return x.is_cuda and not torch.compiler.is_compiling() and not torch._C._functorch.is_batchedtensor(x)
+    uncompiled step (torch.compile fuses the chains itself, with their neighbours), stacked replicas included
+    (under vmap each op runs once per replica)."""
+    return x.is_cuda and not torch.compiler.is_compiling()

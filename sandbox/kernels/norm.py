@@ -13,7 +13,7 @@ that reads the rows once and writes y directly in the dtype the next matmul read
 the same computation in plain torch.
 
 When: ``library.use_fused(x)``, the uncompiled step on a GPU. torch.compile leaves norms to Inductor, which fuses them
-with their neighbours, and stacked replicas (vmap) keep the plain modules, as the op has no vmap rule.
+with their neighbours. Stacked replicas (vmap) run the op once per replica, each with its own weight.
 """
 from __future__ import annotations
 
@@ -86,6 +86,8 @@ def _backward(ctx, dy, _mean, _rstd):
 
 
 _op.register_autograd(_backward, setup_context=_setup)
+_op.vmap_per_replica()
+_grad_op.vmap_per_replica()
 
 
 def norm_cast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, rms: bool,

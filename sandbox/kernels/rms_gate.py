@@ -9,8 +9,8 @@ rsqrt, the products, silu, the sum over B and T for the weight's gradient), abou
 on an H200 (results/throughput/eager_profile.md). On CUDA it is one Triton kernel each way (``triton_rms_gate.py``),
 everything in float32; elsewhere, and for float64, the torch form below, also in float32 or wider.
 
-When: ``library.use_fused(o)``, the uncompiled step on a GPU. torch.compile fuses the expression itself, and stacked
-replicas (vmap) take the expression, as the op has no vmap rule.
+When: ``library.use_fused(o)``, the uncompiled step on a GPU. torch.compile fuses the expression itself. Stacked
+replicas (vmap) run the op once per replica, each with its own weight.
 
 The output's dtype: without autocast, the expression's (``o * weight`` promotes bf16 o with a float32 weight to
 float32). Under autocast, the autocast dtype instead: the expression's float32 result goes only to the output
@@ -86,6 +86,8 @@ def _backward(ctx, dy, _):
 
 
 _op.register_autograd(_backward, setup_context=_setup)
+_op.vmap_per_replica()
+_grad_op.vmap_per_replica()
 
 
 def rms_gate(o: torch.Tensor, weight: torch.Tensor, og: torch.Tensor | None = None,

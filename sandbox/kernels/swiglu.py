@@ -8,7 +8,7 @@ whole (``triton_swiglu.py``). Elsewhere both are plain torch in float32 (float64
 the reference the kernels are tested against.
 
 When: ``library.use_fused(u)``, in uncompiled steps on CUDA. A compiled step leaves the activation to Inductor, which
-fuses it on its own, and stacked replicas run under vmap, for which these ops have no rule.
+fuses it on its own. Stacked replicas (vmap) run the ops once per replica.
 """
 from __future__ import annotations
 
@@ -58,6 +58,8 @@ def _backward(ctx, dh):
 
 
 _op.register_autograd(_backward, setup_context=_setup)
+_op.vmap_per_replica()
+_grad.vmap_per_replica()
 
 
 def swiglu(u: torch.Tensor) -> torch.Tensor:
