@@ -284,8 +284,9 @@ def test_unselected_rows_stay_bit_identical():
 
 
 @pytest.mark.parametrize("gate", ["none", "scalar"])
-def test_delta_rule_matches_loop(gate):
-    _compare(delta, _inputs(2, 70, 2, 20, 24, gate, beta=True))
+@pytest.mark.parametrize("T", [70, 128])     # a partial last chunk (rows gathered), whole chunks (a view)
+def test_delta_rule_matches_loop(gate, T):
+    _compare(delta, _inputs(2, T, 2, 20, 24, gate, beta=True))
 
 
 def test_delta_rule_value_dim_over_256():
