@@ -21,7 +21,8 @@ OPTIONS = {"swa": {"window": 13, "sinks": 2},
            "lte": {"window": 13, "sinks": 2, "cap": 4, "lambda_every": 1, "dropout": 0.0},
            "moba": {"block_size": 8, "top_k": 2},
            "nsa": {"cmp_block": 8, "cmp_stride": 4, "slc_block": 8, "slc_count": 3, "window": 8}}
-BASE = {"task": {"name": "mqar", "seq_len": 32, "num_kv_pairs": 3, "vocab_size": 32, "test_examples": 16},
+BASE = {"task": {"name": "mqar", "seq_len": 32, "num_kv_pairs": 3, "vocab_size": 32, "test_examples": 16,
+                 "val_examples": 16},
         "model": {"d_model": 16, "n_layers": 2, "n_heads": 2, "channel_mixer": "none"},
         "train": {"steps": 4, "batch_size": 4, "lr": 3e-3, "eval_every": 2, "log_every": 2, "eval_batch_size": 16,
                   "early_stop": None, "precision": "fp64", "device": "cpu"}}

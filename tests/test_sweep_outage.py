@@ -28,7 +28,7 @@ import pytest
 
 BASE = """\
 base:
-  task: {name: mqar, seq_len: 16, num_kv_pairs: 2, vocab_size: 16, test_examples: 32}
+  task: {name: mqar, seq_len: 16, num_kv_pairs: 2, vocab_size: 16, test_examples: 32, val_examples: 32}
   model: {mixer: attention, d_model: 16, n_layers: 1, n_heads: 1, positions: learned, channel_mixer: none}
   train: {steps: 40, batch_size: 8, lr: 3e-3, eval_every: EVAL, eval_batch_size: 32, log_every: EVAL,
           early_stop: null}
