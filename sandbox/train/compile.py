@@ -97,13 +97,21 @@ def references(path: Path = RULE_FILE) -> tuple[Reference, ...]:
 
 def estimate(cfg, replicas: int = 1, refs: tuple[Reference, ...] | None = None) -> Estimate:
     """What compiling a stack of ``replicas`` runs of ``cfg`` would save over its ``train.steps`` and what it costs,
-    from the reference with the same mixers (any, where none has them) whose options and then whose work are
-    nearest; the time saved per step grows with the work (a stack's replicas add theirs)."""
+    from the reference with the same mixers whose options and then whose work are nearest; the time saved per step
+    grows with the work (a stack's replicas add theirs).
+
+    Mixers no reference has take the reference whose compiled step saves most for its work: how much Inductor
+    gains on a mixer's step depends on the chains only that mixer's uncompiled step runs, which nothing measured,
+    and a compiled run is slower than an uncompiled one by its compilation at most, where the uncompiled step of
+    a wrong guess can take twice as long over the whole run."""
     refs = refs or references()
     mine, w = features(cfg), work(cfg) * replicas
     mixers = {f for f in mine if "." not in f}
-    same = [r for r in refs if {f for f in r.features if "." not in f} == mixers] or list(refs)
-    ref = min(same, key=lambda r: (len(set(r.features) ^ set(mine)), abs(math.log(w / r.work))))
+    same = [r for r in refs if {f for f in r.features if "." not in f} == mixers]
+    if same:
+        ref = min(same, key=lambda r: (len(set(r.features) ^ set(mine)), abs(math.log(w / r.work))))
+    else:
+        ref = max(refs, key=lambda r: (r.eager_ms - r.compiled_ms) / r.work)
     saved = cfg.train.steps * (ref.eager_ms - ref.compiled_ms) / 1e3 * w / ref.work
     return Estimate(ref.name, saved, ref.compile_s)
 
