@@ -326,6 +326,9 @@ class _Worker:
         except torch.cuda.OutOfMemoryError as e:
             beating.set()
             return self._out_of_memory(group, e)
+        except StorageUnavailable:          # the sweep's, not these trials': the worker ends (worker_main)
+            beating.set()
+            raise
         except Exception as e:              # any other error is these trials', not the sweep's
             beating.set()
             traceback.print_exc()           # where it came from, in the worker's log; the study keeps one line
