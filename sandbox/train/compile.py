@@ -4,9 +4,10 @@ torch's caches gave it.
 **Whether.** ``decide``: ``true`` and ``false`` force; ``auto`` compiles on a GPU when the seconds the compiled step
 would save over the run exceed what compiling costs at its start (``estimate``). Both come from reference
 configurations measured on a GPU (``RULE_FILE``, written by ``benchmarks/time_to_result.py``, which says the command,
-the GPU, the commit and the date): the nearest reference's eager and compiled step, scaled to this configuration's
-work, and its compile seconds from empty caches: so a compiled run is never slower than the same run uncompiled,
-on a fresh machine too, and the runs after it, with torch's caches warm, gain more. The decision is a function of
+the GPU, the commit and the date): the nearest reference's eager and compiled step (for a mixer none has, the one
+that gains most), scaled to this configuration's work, and its compile seconds from empty caches: so a compiled
+run is never slower than the same run uncompiled, on a fresh machine too, and the runs after it, with torch's
+caches warm, gain more. The decision is a function of
 the configuration alone, never of timings or of what the caches hold, because a compiled and an eager step round
 differently: a configuration takes the same path in every rerun. The eager path keeps its CUDA graph where the
 mixers allow it (``group.use_cuda_graph``).
